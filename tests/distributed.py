@@ -1,0 +1,35 @@
+"""Run a function on N real processes joined by gloo; each returns a picklable value."""
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+from pathlib import Path
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        value = fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(value))
+
+
+def run_ranks(fn, world: int, *args) -> list:
+    """fn(rank, world, *args) on `world` spawned processes; returns their values in rank order."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(_entry, args=(fn, world, _free_port(), out_dir, args), nprocs=world, join=True)
+        return [pickle.loads(Path(out_dir, f"{r}.pkl").read_bytes()) for r in range(world)]

@@ -1,0 +1,1 @@
+"""fedshard training core: one entrypoint for FSDP, HSDP, FL+FSDP and FL+HSDP (no Hydra here)."""

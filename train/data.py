@@ -1,0 +1,264 @@
+"""Token sources for training: a synthetic Markov chain with a known floor, or packed local text.
+
+A source is stateless: ``train_batch(stream, step, ...)`` is a pure function of
+(seed, stream, step, batch, seq_len). The caller passes stream = global data-parallel
+rank, so ranks and federation groups see distinct data, and resuming from a checkpoint
+needs no iterator state. Generators are seeded from ``SeedSequence([seed, domain, ...])``;
+the domain tag keeps chain construction, training and eval draws apart (SeedSequence
+zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide).
+
+``data`` dict schema (unknown keys are a DataError):
+
+``{"kind": "synthetic", "vocab": int = min(model_vocab, 512), "branching": int = 8,
+"eval_sequences": int = 64}``
+    A seeded first-order Markov chain: every state i moves to ``branching`` distinct
+    successors (always including (i + 1) % vocab, which makes the chain irreducible)
+    with Dirichlet(1) probabilities. Each sequence starts from the stationary
+    distribution pi, so every predicted position has expected cross-entropy equal to
+    the entropy rate H = sum_i pi_i H(P_i) nats; ``floor_ppl = exp(H)`` is the best
+    perplexity any model can reach. The eval set comes from its own seed domain.
+
+``{"kind": "text", "paths": [file or dir, ...], "tokenizer": "/local/dir",
+"eval_fraction": float = 0.01, "text_key": "text"}``
+    Reads .txt (whole file = one document), .jsonl (field text_key per line) and
+    .parquet (column text_key) files; directories are searched recursively in sorted
+    order. Documents are tokenized with a local ``AutoTokenizer``, joined with
+    eos_token_id (if the tokenizer has one), packed into blocks of seq_len tokens
+    (tail dropped); the last max(1, round(eval_fraction * n_blocks)) blocks are held
+    out for eval. Training draws block indices *with replacement* from a generator
+    seeded by (seed, stream, step), which keeps batches stateless.
+"""
+import json
+import math
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from train.errors import DataError
+
+_CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
+_TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+
+
+def _rng(seed: int, domain: int, *ids: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, domain, *ids]))
+
+
+def _check_keys(data: dict, allowed: set) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise DataError(f"unknown data keys for kind {data['kind']!r}: {', '.join(map(str, unknown))}")
+
+
+def _int(data: dict, key: str, default: int, lo: int, hi: int) -> int:
+    value = data.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise DataError(f"data.{key} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+class TokenSource(ABC):
+    """What the trainer needs from data: stateless batches, a fixed eval set, a summary."""
+
+    vocab_size: int
+    floor_ppl: float | None
+
+    @abstractmethod
+    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
+        """[batch, seq_len] ids, a pure function of (seed, stream, step, batch, seq_len)."""
+
+    @abstractmethod
+    def eval_set(self, seq_len: int) -> torch.LongTensor:
+        """[n_eval, seq_len] held-out ids, identical on every rank and every call."""
+
+    @abstractmethod
+    def describe(self) -> dict:
+        """Small JSON-able summary written into result files."""
+
+
+class SyntheticSource(TokenSource):
+    """Markov chain whose entropy rate is known exactly, so loss can be judged against a floor.
+
+    ``successors[i]`` / ``probs[i]`` give state i's transition row, ``stationary`` is pi.
+    """
+
+    def __init__(self, vocab: int, branching: int, eval_sequences: int, seed: int):
+        rng = _rng(seed, _CHAIN)
+        others = np.concatenate([[0], np.arange(2, vocab)])  # every offset except the forced +1
+        offsets = np.stack([others[rng.choice(vocab - 1, branching - 1, replace=False)] for _ in range(vocab)])
+        self.successors = (np.arange(vocab)[:, None] + np.hstack([np.ones((vocab, 1), int), offsets])) % vocab
+        self.probs = rng.dirichlet(np.ones(branching), size=vocab)
+        self.stationary = self._stationary()
+        row_entropy = -(self.probs * np.log(self.probs, where=self.probs > 0, out=np.zeros_like(self.probs))).sum(1)
+        self.entropy_rate = float(self.stationary @ row_entropy)
+        self.vocab_size, self.floor_ppl = vocab, math.exp(self.entropy_rate)
+        self.seed, self.eval_sequences = seed, eval_sequences
+        # Inverse-CDF table: row i's cumulative probabilities shifted to [2i, 2i+1]. One
+        # searchsorted over all rows then samples every chain at once; the gap between rows
+        # means float rounding of 2i + u can never land in a neighbouring row.
+        cdf = np.cumsum(self.probs, axis=1)
+        cdf[:, -1] = 1.0
+        self._cdf = (2 * np.arange(vocab)[:, None] + cdf).ravel()
+        self._next2 = 2 * self.successors.ravel()
+
+    def _stationary(self) -> np.ndarray:
+        """pi by lazy power iteration: the lazy chain shares pi and is aperiodic, so it converges."""
+        vocab = len(self.probs)
+        pi = np.full(vocab, 1.0 / vocab)
+        for _ in range(100_000):
+            nxt = 0.5 * (pi + np.bincount(self.successors.ravel(), (pi[:, None] * self.probs).ravel(), vocab))
+            if np.abs(nxt - pi).sum() < 1e-12:
+                return nxt / nxt.sum()
+            pi = nxt
+        raise DataError(f"synthetic chain (vocab={vocab}) did not reach its stationary distribution; raise branching")
+
+    def _sample(self, rng: np.random.Generator, batch: int, seq_len: int) -> torch.LongTensor:
+        u = rng.random((seq_len, batch))
+        out = np.empty((seq_len, batch), np.int64)
+        out[0] = 2 * np.minimum(np.searchsorted(np.cumsum(self.stationary), u[0], "right"), self.vocab_size - 1)
+        for t in range(1, seq_len):
+            out[t] = self._next2[np.searchsorted(self._cdf, out[t - 1] + u[t])]
+        return torch.from_numpy(np.ascontiguousarray(out.T // 2))
+
+    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
+        return self._sample(_rng(self.seed, _TRAIN, stream, step), batch, seq_len)
+
+    def eval_set(self, seq_len: int) -> torch.LongTensor:
+        return self._sample(_rng(self.seed, _EVAL), self.eval_sequences, seq_len)
+
+    def describe(self) -> dict:
+        return {"kind": "synthetic", "vocab": self.vocab_size, "branching": self.successors.shape[1],
+                "entropy_rate": self.entropy_rate, "floor_ppl": self.floor_ppl, "eval_sequences": self.eval_sequences}
+
+
+def _text_files(paths: list) -> list[Path]:
+    files = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise DataError(f"data path does not exist: {p}")
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _TEXT_SUFFIXES)
+        elif p.suffix in _TEXT_SUFFIXES:
+            files.append(p)
+        else:
+            raise DataError(f"unsupported data file {p} (expected .txt, .jsonl or .parquet)")
+    if not files:
+        raise DataError(f"no .txt/.jsonl/.parquet files found in {', '.join(map(str, paths))}")
+    return files
+
+
+def _documents(file: Path, key: str) -> list[str]:
+    try:
+        if file.suffix == ".txt":
+            return [file.read_text(encoding="utf-8")]
+        if file.suffix == ".jsonl":
+            docs = []
+            for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+                if line.strip():
+                    try:
+                        doc = json.loads(line)
+                    except json.JSONDecodeError:
+                        raise DataError(f"{file}:{n}: line is not valid JSON") from None
+                    if not isinstance(doc, dict) or not isinstance(doc.get(key), str):
+                        raise DataError(f"{file}:{n}: no string field {key!r}")
+                    docs.append(doc[key])
+            return docs
+        import pyarrow.parquet as pq  # imported here so synthetic runs do not pay for it
+
+        if key not in pq.read_schema(file).names:
+            raise DataError(f"{file}: no column {key!r}")
+        docs = [d for d in pq.read_table(file, columns=[key]).column(key).to_pylist() if d is not None]
+        if not all(isinstance(d, str) for d in docs):
+            raise DataError(f"{file}: column {key!r} is not text")
+        return docs
+    except (OSError, ValueError) as e:  # ValueError covers UnicodeDecodeError and ArrowInvalid
+        raise DataError(f"cannot read {file}: {e}") from None
+
+
+def _load_tokenizer(directory: str):
+    if not Path(directory).is_dir():
+        raise DataError(f"tokenizer directory does not exist: {directory}")
+    from transformers import AutoTokenizer  # heavy import, only needed for text data
+
+    try:
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except Exception as e:  # transformers raises many types; all mean "unusable tokenizer"
+        reason = " ".join(str(e).split())[:300]
+        raise DataError(f"cannot load tokenizer from {directory}: {reason}") from None
+
+
+class TextSource(TokenSource):
+    """Local text packed into fixed blocks; the tail blocks are the held-out eval set."""
+
+    def __init__(self, paths: list, tokenizer: str, eval_fraction: float, text_key: str,
+                 model_vocab: int, seq_len: int, seed: int):
+        tok = _load_tokenizer(tokenizer)
+        if len(tok) > model_vocab:
+            raise DataError(f"tokenizer {tokenizer} has {len(tok)} tokens but the model vocab is {model_vocab}")
+        files = _text_files(paths)
+        docs = [d for f in files for d in _documents(f, text_key) if d]
+        sep = [] if tok.eos_token_id is None else [tok.eos_token_id]
+        ids = []
+        for doc_ids in tok(docs, add_special_tokens=False, verbose=False)["input_ids"] if docs else []:
+            ids += (sep if ids else []) + doc_ids
+        n_blocks = len(ids) // seq_len
+        if n_blocks < 2:
+            raise DataError(f"dataset {', '.join(map(str, paths))} yields {len(ids)} tokens = {n_blocks} "
+                            f"blocks of seq_len {seq_len}; need at least 2")
+        blocks = torch.tensor(ids[: n_blocks * seq_len], dtype=torch.long).view(n_blocks, seq_len)
+        if int(blocks.max()) >= len(tok):
+            raise DataError(f"tokenizer {tokenizer} emits id {int(blocks.max())} >= its size {len(tok)}")
+        n_eval = max(1, round(eval_fraction * n_blocks))
+        if n_eval >= n_blocks:
+            raise DataError(f"eval_fraction {eval_fraction} leaves no training block out of {n_blocks}")
+        self.train_blocks, self.eval_blocks = blocks[:-n_eval], blocks[-n_eval:]
+        self.vocab_size, self.floor_ppl = len(tok), None
+        self.seq_len, self.seed, self.tokenizer, self.n_files = seq_len, seed, tokenizer, len(files)
+
+    def _check_len(self, seq_len: int) -> None:
+        if seq_len != self.seq_len:
+            raise DataError(f"text data was packed for seq_len {self.seq_len}, asked for {seq_len}")
+
+    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
+        self._check_len(seq_len)
+        idx = _rng(self.seed, _TRAIN, stream, step).integers(0, len(self.train_blocks), size=batch)
+        return self.train_blocks[torch.from_numpy(idx)]
+
+    def eval_set(self, seq_len: int) -> torch.LongTensor:
+        self._check_len(seq_len)
+        return self.eval_blocks.clone()
+
+    def describe(self) -> dict:
+        return {"kind": "text", "vocab": self.vocab_size, "floor_ppl": None, "tokenizer": self.tokenizer,
+                "files": self.n_files, "seq_len": self.seq_len,
+                "train_blocks": len(self.train_blocks), "eval_blocks": len(self.eval_blocks)}
+
+
+def build_source(data: dict, model_vocab: int, seq_len: int, seed: int) -> TokenSource:
+    """Validate the data spec up front so a bad config fails before any process group starts."""
+    if not isinstance(data, dict) or "kind" not in data:
+        raise DataError(f"data must be a dict with a 'kind' key, got {data!r}")
+    if not isinstance(seed, int) or seed < 0 or not isinstance(seq_len, int) or seq_len < 1:
+        raise DataError(f"seed must be an int >= 0 and seq_len an int >= 1, got seed={seed!r} seq_len={seq_len!r}")
+    if data["kind"] == "synthetic":
+        _check_keys(data, {"kind", "vocab", "branching", "eval_sequences"})
+        vocab = _int(data, "vocab", min(model_vocab, 512), 2, model_vocab)
+        return SyntheticSource(vocab, _int(data, "branching", 8, 1, vocab),
+                               _int(data, "eval_sequences", 64, 1, 1 << 20), seed)
+    if data["kind"] == "text":
+        _check_keys(data, {"kind", "paths", "tokenizer", "eval_fraction", "text_key"})
+        paths, tokenizer = data.get("paths"), data.get("tokenizer")
+        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
+            raise DataError(f"data.paths must be a non-empty list of paths, got {paths!r}")
+        if not isinstance(tokenizer, str):
+            raise DataError(f"data.tokenizer must be a local directory path, got {tokenizer!r}")
+        fraction = data.get("eval_fraction", 0.01)
+        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction < 1:
+            raise DataError(f"data.eval_fraction must be in (0, 1), got {fraction!r}")
+        text_key = data.get("text_key", "text")
+        if not isinstance(text_key, str):
+            raise DataError(f"data.text_key must be a string, got {text_key!r}")
+        return TextSource(paths, tokenizer, float(fraction), text_key, model_vocab, seq_len, seed)
+    raise DataError(f"unknown data kind {data['kind']!r} (expected 'synthetic' or 'text')")

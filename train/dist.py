@@ -1,0 +1,108 @@
+"""Who am I and where is rank 0: rank, world and rendezvous from torchrun, srun or submitit.
+
+The rendezvous address is always the host of rank 0. Under srun/submitit we do
+not guess it from the node list (wrong as soon as the allocator reorders
+ranks): either the launcher exports MASTER_ADDR, or rank 0 publishes its host
+and a free port in a file under the run directory (a shared filesystem, as
+submitit already requires) and the other ranks read it.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .errors import FedshardError
+from .spec import write_atomic
+
+
+@dataclass
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    launcher: str  # torchrun | slurm | submitit-local | single
+    job_tag: str  # distinguishes attempts of a job for the rendezvous file
+
+    @property
+    def host(self) -> str:
+        return socket.gethostname()
+
+
+def detect(environ=os.environ) -> DistEnv:
+    """Read rank/world/local rank from whichever launcher started us (torchrun wins over SLURM)."""
+    if "RANK" in environ and "WORLD_SIZE" in environ:
+        return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]),
+                       int(environ.get("LOCAL_RANK", 0)), "torchrun", "torchrun")
+    if "SUBMITIT_LOCAL_GLOBALID" in environ:
+        return DistEnv(int(environ["SUBMITIT_LOCAL_GLOBALID"]), int(environ["SUBMITIT_LOCAL_NTASKS"]),
+                       int(environ.get("SUBMITIT_LOCAL_LOCALID", 0)), "submitit-local",
+                       f"local-{environ.get('SUBMITIT_LOCAL_JOB_ID', 'job')}")
+    if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
+        tag = f"slurm-{environ.get('SLURM_JOB_ID', 'job')}-{environ.get('SLURM_STEP_ID', '0')}" \
+              f"-{environ.get('SLURM_RESTART_COUNT', '0')}"
+        return DistEnv(int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]),
+                       int(environ.get("SLURM_LOCALID", 0)), "slurm", tag)
+    return DistEnv(0, 1, 0, "single", f"single-{os.getpid()}")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ) -> tuple[str, int]:
+    """Address and port of rank 0's host."""
+    if "MASTER_ADDR" in environ and "MASTER_PORT" in environ:
+        return environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
+    if env.world_size == 1:
+        return "127.0.0.1", free_port()
+    path = run_dir / f".rendezvous-{env.job_tag}"
+    if env.rank == 0:
+        addr, port = environ.get("MASTER_ADDR", env.host), int(environ.get("MASTER_PORT", 0)) or free_port()
+        write_atomic(path, f"{addr} {port}\n")
+        return addr, port
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise FedshardError(f"rank {env.rank}: rank 0 did not publish its address in {path} "
+                                f"within {timeout_s:.0f} s (is the run directory on a shared filesystem?)")
+        time.sleep(0.1)
+    addr, port = path.read_text().split()
+    return addr, int(port)
+
+
+def pick_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise FedshardError("device=cuda was requested but CUDA is not available on this host")
+    return requested
+
+
+def init(env: DistEnv, device: str, backend: str, run_dir: Path, timeout_s: float) -> str:
+    """Start the default process group; returns the backend used."""
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    addr, port = rendezvous(env, run_dir, timeout_s)
+    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=env.rank,
+                            world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    return backend
+
+
+def shutdown(env: DistEnv, run_dir: Path) -> None:
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    if env.rank == 0:
+        (run_dir / f".rendezvous-{env.job_tag}").unlink(missing_ok=True)
+    dist.destroy_process_group()

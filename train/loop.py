@@ -1,0 +1,184 @@
+"""The training run: build mesh, model, optimizer and data from a spec; train; evaluate; summarise."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from . import data, dist as dist_env, mesh as meshes, metrics, model as models, optim, parallelize
+from .errors import SpecError
+from .federated import FedAvg
+from .spec import RunSpec, write_atomic
+
+FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init builds on meta and initialises per shard
+
+
+class Trainer:
+    """One rank's view of a run. `step(i)` is the unit tests drive; `run()` is the whole thing."""
+
+    def __init__(self, spec: RunSpec, rank: int, device: str, config=None, source=None, out_dir: Path | None = None):
+        self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
+        self.config = config or models.llama_config(spec.model)
+        self.source = source or data.build_source(spec.data, self.config.vocab_size, self.cfg.seq_len, self.cfg.seed)
+        self.world = spec.world_size
+        self.mesh = meshes.build(device, spec.F, spec.R, spec.S)
+        self.coord = meshes.coords(rank, spec.F, spec.R, spec.S)
+        self.model = self._build_model()
+        self.optimizer = optim.adamw(self.model.parameters(), self.cfg)
+        self.schedule = optim.schedule(self.optimizer, self.cfg)
+        self.fedavg = None
+        if spec.federated:
+            self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, self.cfg.average_optimizer_state)
+            self.fedavg.check_alignment(contents=True)
+        self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
+        is_writer = out_dir is not None and rank == 0
+        self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
+        self.aggregations = 0
+
+    def _build_model(self) -> torch.nn.Module:
+        dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.strategy)
+        init = self.cfg.init
+        if init == "auto":
+            n = models.count_params(models.build(self.config, "meta"))
+            init = "full" if n <= FULL_INIT_LIMIT else "meta"
+        if init == "full":
+            # Every rank builds the same full model from the seed, then keeps its shard.
+            torch.manual_seed(self.cfg.seed)
+            model = models.build(self.config, "cpu")
+            return parallelize.shard(model, dp_mesh, self.cfg.precision)
+        model = parallelize.shard(models.build(self.config, "meta"), dp_mesh, self.cfg.precision)
+        parallelize.materialize(model, self.device, self.cfg.seed, shard_index=self.coord[2])
+        return model
+
+    def batch(self, step: int) -> torch.Tensor:
+        ids = self.source.train_batch(stream=self.rank, step=step, batch=self.cfg.batch_per_rank,
+                                      seq_len=self.cfg.seq_len)
+        return ids.to(self.device)
+
+    def step(self, step: int) -> torch.Tensor:
+        """One optimizer step (0-based index) and, when due, FedAvg. Returns the local loss."""
+        ids = self.batch(step)
+        lr = self.schedule.get_last_lr()[0]
+        self.clock.start()
+        loss = self.model(input_ids=ids, labels=ids).loss
+        t_fwd = self.clock.lap()
+        loss.backward()
+        t_bwd = self.clock.lap()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        t_opt = self.clock.lap()
+        aggregated = self.fedavg is not None and self.fedavg.due(step + 1)
+        if aggregated:
+            self.fedavg.average()
+            self.aggregations += 1
+        t_agg = self.clock.lap()
+        self.log.add(step, [t_fwd, t_bwd, t_opt, t_agg, t_fwd + t_bwd + t_opt + t_agg], loss, aggregated, lr)
+        return loss.detach()
+
+    def train(self) -> float:
+        """All steps; returns wall time. Progress goes to rank 0's stdout every log_every steps."""
+        dist.barrier()
+        start = self.log.start = time.perf_counter()
+        for i in range(self.cfg.steps):
+            self.step(i)
+            if (i + 1) % self.cfg.log_every == 0 or i + 1 == self.cfg.steps:
+                rows = self.log.flush()
+                if self.rank == 0:
+                    r = rows[-1]
+                    print(f"[{self.spec.run_id}] step {r['step']}/{self.cfg.steps} loss {r['loss']:.4f} "
+                          f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
+        if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
+            self.fedavg.average()  # evaluate the federation's model, not one group's
+            self.aggregations += 1
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        dist.barrier()
+        return time.perf_counter() - start
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Perplexity on the held-out set, split over all ranks (every rank runs the same number of forwards)."""
+        eval_set = self.source.eval_set(self.cfg.seq_len)
+        n = eval_set.shape[0]
+        mine = eval_set[[(self.rank + j * self.world) % n for j in range(math.ceil(n / self.world))]]
+        self.model.eval()
+        dist.barrier()
+        start = time.perf_counter()
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for chunk in mine.split(self.cfg.eval_batch):
+            ids = chunk.to(self.device)
+            loss = self.model(input_ids=ids, labels=ids).loss
+            predicted = ids.shape[0] * (ids.shape[1] - 1)
+            total += torch.stack([loss.double() * predicted, torch.tensor(predicted, dtype=torch.float64,
+                                                                        device=self.device)])
+        dist.all_reduce(total)
+        elapsed = time.perf_counter() - start
+        self.model.train()
+        return math.exp(min(700.0, (total[0] / total[1]).item())), elapsed
+
+    def run(self, backend: str) -> dict:
+        ranks = [None] * self.world
+        dist.all_gather_object(ranks, {"rank": self.rank, "host": socket.gethostname(),
+                                       "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")})
+        train_time = self.train()
+        eval_ppl, eval_time = self.evaluate()
+        peak = torch.tensor([metrics.peak_memory_bytes(self.device)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return self.summary(train_time, eval_ppl, eval_time, int(peak.item()), ranks, backend)
+
+    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend) -> dict:
+        spec, cfg = self.spec, self.cfg
+        tokens = cfg.steps * self.world * cfg.batch_per_rank * cfg.seq_len
+        tokens_per_s = tokens / train_time
+        n_params = models.count_params(self.model)
+        mfu = None
+        if spec.peak_flops:
+            per_token = models.flops_per_token(self.config, n_params, cfg.seq_len)
+            mfu = per_token * tokens_per_s / (self.world * spec.peak_flops)
+        train_loss = self.log.final_loss(min(cfg.log_every, cfg.steps))
+        return {
+            "run_id": spec.run_id, "strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A,
+            "world_size": self.world, "steps": cfg.steps, "seq_len": cfg.seq_len,
+            "batch_per_rank": cfg.batch_per_rank, "tokens": tokens, "train_time_s": train_time,
+            "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / self.world,
+            "train_ppl": math.exp(min(700.0, train_loss)), "eval_ppl": eval_ppl, "eval_time_s": eval_time,
+            "floor_ppl": self.source.floor_ppl, "phases": self.log.phase_stats(),
+            "aggregations": self.aggregations, "timing": cfg.timing, "precision": cfg.precision,
+            "params": n_params, "peak_memory_bytes": peak, "mfu": mfu, "device": self.device, "backend": backend,
+            "data": self.source.describe(), "ranks": ranks,
+        }
+
+
+def run(spec: RunSpec, environ=os.environ) -> dict | None:
+    """Train one spec in this process (one rank). Rank 0 writes result.json last, atomically, and returns it."""
+    env = dist_env.detect(environ)
+    if env.world_size != spec.world_size:
+        raise SpecError(f"F*R*S = {spec.F}*{spec.R}*{spec.S} = {spec.world_size} but the launcher started "
+                        f"{env.world_size} rank(s) ({env.launcher})")
+    out_dir = Path(spec.out_dir)
+    config = models.llama_config(spec.model)
+    source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
+    device = dist_env.pick_device(spec.device)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if env.rank == 0:  # a stale result must not make this attempt look finished
+        for stale in ("result.json", "metrics.jsonl"):
+            (out_dir / stale).unlink(missing_ok=True)
+    backend = dist_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
+    try:
+        trainer = Trainer(spec, env.rank, device, config, source, out_dir)
+        result = trainer.run(backend)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    dist_env.shutdown(env, out_dir)
+    if env.rank != 0:
+        return None
+    write_atomic(out_dir / "result.json", json.dumps(result, indent=2) + "\n")
+    return result

@@ -1,0 +1,107 @@
+"""Phase timers, per-step records reduced across ranks, and the result summary.
+
+Per-step numbers are kept locally and reduced in one batch every `log_every`
+steps (times: MAX over ranks, loss: mean over ranks), so measuring adds no
+collective to the training step itself.
+"""
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+PHASES = ("forward", "backward", "optimizer", "aggregation")
+
+
+class PhaseClock:
+    """Laps between phase boundaries; with `barrier` every boundary waits for all ranks (and the GPU)."""
+
+    def __init__(self, barrier: bool, device: str):
+        self.barrier, self.cuda = barrier, device == "cuda"
+        self.last = 0.0
+
+    def _sync(self) -> None:
+        if self.barrier:
+            if self.cuda:
+                torch.cuda.synchronize()
+            dist.barrier()
+
+    def start(self) -> None:
+        self._sync()
+        self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        self._sync()
+        now = time.perf_counter()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+class StepLog:
+    """Collects [forward, backward, optimizer, aggregation, step] times + loss per step; rank 0 writes metrics.jsonl."""
+
+    def __init__(self, path: Path | None, world_size: int, device: str):
+        self.path, self.world_size, self.device = path, world_size, device
+        self.pending: list[tuple[int, list[float], torch.Tensor, bool, float, float]] = []
+        self.rows: list[dict] = []
+        self.start = time.perf_counter()
+
+    def add(self, step: int, times: list[float], loss: torch.Tensor, aggregated: bool, lr: float) -> None:
+        elapsed = time.perf_counter() - self.start
+        self.pending.append((step, times, loss.detach(), aggregated, lr, elapsed))
+
+    def flush(self) -> list[dict]:
+        if not self.pending:
+            return []
+        times = torch.tensor([p[1] for p in self.pending], dtype=torch.float64, device=self.device)
+        losses = torch.stack([p[2].float() for p in self.pending]).to(torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX)
+        dist.all_reduce(losses, op=dist.ReduceOp.SUM)
+        losses /= self.world_size
+        new = []
+        for (step, _, _, aggregated, lr, elapsed_s), t, loss in zip(self.pending, times.tolist(), losses.tolist()):
+            row = {"step": step + 1, "loss": loss, "ppl": math.exp(min(loss, 700)), "lr": lr,
+                   **dict(zip(PHASES, t[:4])), "step_time": t[4], "aggregated": aggregated, "elapsed_s": elapsed_s}
+            new.append(row)
+        self.pending.clear()
+        self.rows += new
+        if self.path is not None:
+            with self.path.open("a") as fh:
+                fh.writelines(json.dumps(r) + "\n" for r in new)
+        return new
+
+    def phase_stats(self) -> dict:
+        """Mean and std per phase; the first step (warm-up) is left out when there are others.
+
+        Aggregation is summarised over the steps that averaged (the FedAvg events) only.
+        """
+        rows = self.rows[1:] if len(self.rows) > 1 else self.rows
+        stats = {}
+        for phase in PHASES:
+            pick = [r for r in rows if r["aggregated"]] if phase == "aggregation" else rows
+            stats[phase] = mean_std([r[phase] for r in pick])
+        return stats
+
+    def final_loss(self, window: int) -> float:
+        tail = self.rows[-window:]
+        return sum(r["loss"] for r in tail) / len(tail)
+
+
+def mean_std(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "std": None, "n": 0}
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / len(values)
+    return {"mean": mean, "std": math.sqrt(var), "n": len(values)}
+
+
+def peak_memory_bytes(device: str) -> int:
+    """Peak device memory on GPU; peak resident set size of the process on CPU."""
+    if device == "cuda":
+        return int(torch.cuda.max_memory_allocated())
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

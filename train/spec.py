@@ -1,0 +1,183 @@
+"""The run spec: the only contract between the launcher and train/ (plain JSON, no Hydra).
+
+A spec names a strategy, a grid F x R x S (federation groups x replicas x shards),
+the aggregation period A, a model, a data source and the optimisation settings.
+It is validated here, before any process group exists, so bad input fails fast
+with one line on every rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import SpecError
+
+STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
+PRECISIONS = ("fp32", "bf16", "paper")
+TIMINGS = ("phases", "end_to_end")
+INITS = ("auto", "full", "meta")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and measurement settings; defaults are the paper authors' (AdamW 0.9/0.95, wd 0.1, 10 % warm-up, cosine)."""
+
+    steps: int = 20
+    seq_len: int = 128
+    batch_per_rank: int = 2
+    lr: float = 3e-4
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.0
+    seed: int = 42
+    precision: str = "fp32"
+    average_optimizer_state: bool = False
+    final_average: bool = True
+    timing: str = "phases"
+    log_every: int = 10
+    eval_batch: int = 8
+    init: str = "auto"
+    timeout_s: float = 600.0
+
+    def validate(self) -> None:
+        positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch")
+        for key in positive:
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
+                raise SpecError(f"train.{key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.seq_len < 2:
+            raise SpecError(f"train.seq_len must be at least 2, got {self.seq_len}")
+        if not self.lr > 0:
+            raise SpecError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 <= self.warmup_frac < 1:
+            raise SpecError(f"train.warmup_frac must be in [0, 1), got {self.warmup_frac}")
+        if not 0 <= self.min_lr_frac <= 1:
+            raise SpecError(f"train.min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise SpecError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
+        for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS)):
+            if getattr(self, key) not in allowed:
+                raise SpecError(f"train.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        if not self.timeout_s > 0:
+            raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass
+class RunSpec:
+    """One run. `A` is the FedAvg period in optimizer steps (None for FSDP/HSDP)."""
+
+    strategy: str
+    F: int
+    R: int
+    S: int
+    out_dir: str
+    A: int | None = None
+    run_id: str = ""
+    model: dict = field(default_factory=lambda: {"preset": "tiny"})
+    data: dict = field(default_factory=lambda: {"kind": "synthetic"})
+    train: TrainConfig = field(default_factory=TrainConfig)
+    device: str = "auto"
+    backend: str = "auto"
+    peak_flops: float | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.F * self.R * self.S
+
+    @property
+    def federated(self) -> bool:
+        return self.strategy.startswith("fl_")
+
+    def validate(self) -> "RunSpec":
+        if self.strategy not in STRATEGIES:
+            raise SpecError(f"unknown strategy {self.strategy!r}; expected one of {', '.join(STRATEGIES)}")
+        for key in ("F", "R", "S"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise SpecError(f"{key} must be a positive integer, got {value!r}")
+        rules = {
+            "fsdp": (self.F == 1 and self.R == 1, "fsdp needs F = 1 and R = 1"),
+            "hsdp": (self.F == 1, "hsdp needs F = 1 (use fl_hsdp for federation groups)"),
+            "fl_fsdp": (self.R == 1, "fl_fsdp needs R = 1 (use fl_hsdp for replicas)"),
+            "fl_hsdp": (True, ""),
+        }
+        ok, why = rules[self.strategy]
+        if not ok:
+            raise SpecError(f"{why}; got (F, R, S) = ({self.F}, {self.R}, {self.S})")
+        if self.federated:
+            if self.F < 2:
+                raise SpecError(f"{self.strategy} needs F >= 2 federation groups, got F = {self.F}")
+            if not isinstance(self.A, int) or isinstance(self.A, bool) or self.A < 1:
+                raise SpecError(f"A (aggregation period in steps) must be an integer >= 1, got {self.A!r}")
+        elif self.A is not None:
+            self.A = None  # FSDP/HSDP never average; a sweep-wide A does not apply to them
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise SpecError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise SpecError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
+        if not isinstance(self.model, dict) or not isinstance(self.data, dict):
+            raise SpecError("model and data must be JSON objects")
+        if not self.out_dir:
+            raise SpecError("out_dir must be set")
+        if self.peak_flops is not None and not self.peak_flops > 0:
+            raise SpecError(f"peak_flops must be > 0 or null, got {self.peak_flops!r}")
+        self.train.validate()
+        if not self.run_id:
+            self.run_id = default_run_id(self)
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunSpec":
+        if not isinstance(raw, dict):
+            raise SpecError("the spec must be a JSON object")
+        raw = dict(raw)
+        train = raw.pop("train", {}) or {}
+        _reject_unknown("spec", raw, cls)
+        _reject_unknown("train", train, TrainConfig)
+        missing = [k for k in ("strategy", "F", "R", "S", "out_dir") if k not in raw]
+        if missing:
+            raise SpecError(f"spec is missing required key(s): {', '.join(missing)}")
+        if "betas" in train:
+            train["betas"] = tuple(train["betas"])
+        return cls(train=TrainConfig(**train), **raw).validate()
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RunSpec":
+        try:
+            raw = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise SpecError(f"spec file {path} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise SpecError(f"spec file {path} is not valid JSON: {exc}") from None
+        return cls.from_dict(raw)
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def default_run_id(spec: RunSpec) -> str:
+    """Stable, readable id such as fl_hsdp-F16-R8-S4-A8."""
+    run_id = f"{spec.strategy}-F{spec.F}-R{spec.R}-S{spec.S}"
+    return run_id + (f"-A{spec.A}" if spec.A is not None else "")
+
+
+def _reject_unknown(where: str, raw: dict, cls) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise SpecError(f"unknown {where} key(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
