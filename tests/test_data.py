@@ -1,7 +1,6 @@
 """Data sources: the synthetic floor is exact, batches are pure functions, text packs correctly."""
 import json
 import math
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -81,18 +80,6 @@ def test_synthetic_defaults_and_describe():
     assert d["kind"] == "synthetic" and d["vocab"] == 100 and d["floor_ppl"] == src.floor_ppl
 
 
-def test_synthetic_sampling_is_fast():
-    src = build_source({"kind": "synthetic"}, 32_000, 2048, 0)
-    best = min(_timed(lambda: src.train_batch(0, i, 8, 2048)) for i in range(5))
-    assert best < 0.05
-
-
-def _timed(fn):
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 @pytest.mark.parametrize("data,needle", [
     ({"kind": "synthetic", "vocab": 2000}, "vocab"),
     ({"kind": "synthetic", "vocab": 1}, "vocab"),
@@ -111,20 +98,7 @@ def test_synthetic_bad_specs(data, needle):
 
 # ---------------------------------------------------------------- text
 
-WORDS = [f"w{i}" for i in range(120)]  # every word once, so every block is unique
-
-
-@pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]", "[EOS]"]))
-    path = tmp_path_factory.mktemp("tok") / "tok"
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]").save_pretrained(path)
-    return path
+from tests.conftest import WORDS
 
 
 @pytest.fixture
@@ -140,17 +114,17 @@ def corpus(tmp_path):
     return tmp_path, docs
 
 
-def text(paths, tok_dir, seq_len=10, model_vocab=1000, **extra):
-    spec = {"kind": "text", "paths": [str(p) for p in paths], "tokenizer": str(tok_dir), **extra}
+def text(paths, tiny_tokenizer, seq_len=10, model_vocab=1000, **extra):
+    spec = {"kind": "text", "paths": [str(p) for p in paths], "tokenizer": str(tiny_tokenizer), **extra}
     return build_source(spec, model_vocab, seq_len, 0)
 
 
-def test_text_packs_documents_with_eos_and_holds_out_the_tail(corpus, tok_dir):
+def test_text_packs_documents_with_eos_and_holds_out_the_tail(corpus, tiny_tokenizer):
     from transformers import AutoTokenizer
 
     root, docs = corpus
-    src = text([root], tok_dir, eval_fraction=0.25)
-    tok = AutoTokenizer.from_pretrained(tok_dir)
+    src = text([root], tiny_tokenizer, eval_fraction=0.25)
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer)
     ids = tok(docs[0], add_special_tokens=False)["input_ids"]
     for d in docs[1:]:
         ids += [tok.eos_token_id] + tok(d, add_special_tokens=False)["input_ids"]
@@ -170,9 +144,9 @@ def test_text_packs_documents_with_eos_and_holds_out_the_tail(corpus, tok_dir):
     assert d["train_blocks"] == 9 and d["eval_blocks"] == 3 and d["files"] == 3
 
 
-def test_text_batches_are_deterministic_per_stream_and_step(corpus, tok_dir):
+def test_text_batches_are_deterministic_per_stream_and_step(corpus, tiny_tokenizer):
     root, _ = corpus
-    a, b = text([root], tok_dir), text([root / "a.txt", root / "sub"], tok_dir)
+    a, b = text([root], tiny_tokenizer), text([root / "a.txt", root / "sub"], tiny_tokenizer)
     assert torch.equal(a.train_batch(1, 2, 8, 10), b.train_batch(1, 2, 8, 10))
     assert not torch.equal(a.train_batch(1, 2, 8, 10), a.train_batch(2, 2, 8, 10))
     assert not torch.equal(a.train_batch(1, 2, 8, 10), a.train_batch(1, 3, 8, 10))
@@ -181,11 +155,11 @@ def test_text_batches_are_deterministic_per_stream_and_step(corpus, tok_dir):
         a.train_batch(0, 0, 2, 12)
 
 
-def test_text_errors_name_the_offending_path_or_key(corpus, tok_dir, tmp_path_factory):
+def test_text_errors_name_the_offending_path_or_key(corpus, tiny_tokenizer, tmp_path_factory):
     root, _ = corpus
     bad = tmp_path_factory.mktemp("bad")
 
-    def raises(needle, paths, tok=tok_dir, **kw):
+    def raises(needle, paths, tok=tiny_tokenizer, **kw):
         with pytest.raises(DataError) as e:
             text(paths, tok, **kw)
         assert needle in str(e.value) and "\n" not in str(e.value)

@@ -158,13 +158,13 @@ class Trainer:
 
 def run(spec: RunSpec, environ=os.environ) -> dict | None:
     """Train one spec in this process (one rank). Rank 0 writes result.json last, atomically, and returns it."""
+    config = models.llama_config(spec.model)
+    source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
     env = dist_env.detect(environ)
     if env.world_size != spec.world_size:
         raise SpecError(f"F*R*S = {spec.F}*{spec.R}*{spec.S} = {spec.world_size} but the launcher started "
                         f"{env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)
-    config = models.llama_config(spec.model)
-    source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
     device = dist_env.pick_device(spec.device)
     out_dir.mkdir(parents=True, exist_ok=True)
     if env.rank == 0:  # a stale result must not make this attempt look finished

@@ -1,0 +1,17 @@
+"""Shared fixtures: a word-level tokenizer saved to a local directory (nothing is downloaded)."""
+import pytest
+
+WORDS = [f"w{i}" for i in range(120)]  # every word once, so every packed block is unique
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator([" ".join(WORDS)], trainers.WordLevelTrainer(special_tokens=["[UNK]", "[EOS]"]))
+    path = tmp_path_factory.mktemp("tok") / "tok"
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]").save_pretrained(path)
+    return path

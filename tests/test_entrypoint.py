@@ -1,0 +1,117 @@
+"""`python -m train SPEC.json` for real: under torchrun, under SLURM-style env vars, via submitit, and on bad input."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import submitit
+
+from train.__main__ import TrainJob
+
+RESULT_KEYS = {"strategy", "F", "R", "S", "A", "world_size", "steps", "tokens", "train_time_s", "tokens_per_s",
+               "train_ppl", "eval_ppl", "eval_time_s", "phases", "aggregations", "ranks"}
+
+
+def _spec(tmp_path, **over):
+    spec = {"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 3, "out_dir": str(tmp_path / "run"),
+            "train": {"steps": 7, "seq_len": 16, "log_every": 3}}
+    spec.update(over)
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SUBMITIT_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def _check_result(run_dir: Path, world: int, steps: int, aggregations: int):
+    result = json.loads((run_dir / "result.json").read_text())
+    assert RESULT_KEYS <= set(result)
+    assert result["world_size"] == world and result["steps"] == steps
+    assert result["aggregations"] == aggregations
+    assert sorted(r["rank"] for r in result["ranks"]) == list(range(world))
+    assert set(result["phases"]) == {"forward", "backward", "optimizer", "aggregation"}
+    assert result["eval_ppl"] > result["floor_ppl"] > 1
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert sum(r["aggregated"] for r in rows) == steps // 3
+    return result
+
+
+def test_torchrun_four_ranks_fl_hsdp(tmp_path):
+    spec = _spec(tmp_path, strategy="fl_hsdp", F=2, R=2, S=1)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
+                           "-m", "train", str(spec)], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 7/7" in proc.stdout
+    # 7 steps with A=3: FedAvg after steps 3 and 6, plus the final average before evaluation.
+    _check_result(tmp_path / "run", world=4, steps=7, aggregations=3)
+
+
+def test_slurm_env_rendezvous_on_rank0_host_without_master_addr(tmp_path):
+    spec = _spec(tmp_path)
+    procs = [subprocess.Popen([sys.executable, "-m", "train", str(spec)],
+                              env=_env(SLURM_PROCID=str(r), SLURM_NTASKS="2", SLURM_LOCALID=str(r),
+                                       SLURM_JOB_ID="4242", SLURM_TOPOLOGY_ADDR=f"spine.leaf1.node{r}"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (1, 0)]  # rank 1 starts first and must wait for rank 0's address
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    result = _check_result(tmp_path / "run", world=2, steps=7, aggregations=3)
+    assert sorted(r["topology_addr"] for r in result["ranks"]) == ["spine.leaf1.node0", "spine.leaf1.node1"]
+    assert not list((tmp_path / "run").glob(".rendezvous-*")), "rendezvous file left behind"
+
+
+def test_submitit_local_executor_runs_the_picklable_job(tmp_path):
+    spec = _spec(tmp_path)
+    job_fn = pickle.loads(pickle.dumps(TrainJob(spec)))
+    executor = submitit.LocalExecutor(folder=tmp_path / "submitit")
+    executor.update_parameters(tasks_per_node=2, nodes=1, timeout_min=10)
+    job = executor.submit(job_fn)
+    results = job.results()
+    assert results[1] is None and results[0]["world_size"] == 2
+    _check_result(tmp_path / "run", world=2, steps=7, aggregations=3)
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"F": 2, "R": 1, "S": 2}, "F*R*S = 2*1*2 = 4 but the launcher started 1 rank"),
+    ({"A": 0}, "A (aggregation period in steps) must be an integer >= 1, got 0"),
+    ({"F": 1}, "fl_fsdp needs F >= 2 federation groups"),
+    ({"strategy": "diloco"}, "unknown strategy 'diloco'"),
+    ({"strategy": "fsdp", "F": 2}, "fsdp needs F = 1 and R = 1"),
+    ({"batch": 4}, "unknown spec key(s): batch"),
+    ({"train": {"steps": 0}}, "train.steps must be a positive integer"),
+    ({"data": {"kind": "text", "paths": ["/x.txt"], "tokenizer": "/no/such/tokenizer"}}, "/no/such/tokenizer"),
+    ({"data": {"kind": "text", "paths": ["EMPTY"], "tokenizer": "TOK"}}, "yields 0 tokens"),
+    ({"model": {"preset": "huge"}}, "unknown model preset 'huge'"),
+])
+def test_bad_input_one_line_nonzero_exit_no_result(tmp_path, tiny_tokenizer, over, message):
+    if "data" in over and over["data"].get("tokenizer") == "TOK":
+        empty = tmp_path / "empty.txt"
+        empty.write_text("")
+        over = {"data": {**over["data"], "paths": [str(empty)], "tokenizer": str(tiny_tokenizer)}}
+    if "train" in over:
+        over = {"train": {"seq_len": 16, **over["train"]}}
+    spec = _spec(tmp_path, **over)
+    proc = subprocess.run([sys.executable, "-m", "train", str(spec)], env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedshard: error: "), proc.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_missing_and_malformed_spec_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for path, message in ((tmp_path / "none.json", "does not exist"), (bad, "is not valid JSON")):
+        proc = subprocess.run([sys.executable, "-m", "train", str(path)], env=_env(), capture_output=True, text=True)
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
