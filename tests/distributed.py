@@ -7,6 +7,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -20,6 +21,7 @@ def _free_port() -> int:
 def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)  # torch read OMP_NUM_THREADS before we could set it
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         value = fn(rank, world, *args)

@@ -35,7 +35,11 @@ class Reference:
 
     @torch.no_grad()
     def average(self) -> None:
-        for params in zip(*(m.parameters() for m in self.models)):
-            mean = sum(p for p in params) / len(params)
-            for p in params:
-                p.copy_(mean)
+        groups = [list(zip(*(m.parameters() for m in self.models)))]
+        if self.spec.train.average_optimizer_state:
+            for key in ("exp_avg", "exp_avg_sq"):
+                groups.append([tuple(o.state[p][key] for o, p in zip(self.optimizers, ps)) for ps in groups[0]])
+        for tensors in (ts for group in groups for ts in group):
+            mean = sum(tensors) / len(tensors)
+            for t in tensors:
+                t.copy_(mean)

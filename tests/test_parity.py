@@ -21,9 +21,11 @@ def _digest(tensors) -> str:
     return h.hexdigest()
 
 
-def _worker(rank, world, spec_dict):
+def _worker(rank, world, spec_dict, chunk_bytes=None):
     spec = RunSpec.from_dict(spec_dict)
     trainer = Trainer(spec, rank, "cpu")
+    if chunk_bytes:
+        trainer.fedavg.chunk_bytes = chunk_bytes
     ref = Reference(spec)
     f = trainer.coord[0]
     out = {"coord": trainer.coord, "max_diff": [], "full": [], "local": [], "aggregated": []}
@@ -52,10 +54,11 @@ def _worker(rank, world, spec_dict):
 # eps: a token seen only at a sequence's last position has a true gradient of 0 but a computed one of
 # ~1e-11 (reduction-order noise); Adam with eps=1e-8 scales that noise by lr/eps = 1e5 into ~1e-5 parameter
 # differences within 20 steps whatever the parallelism. eps=1e-6 keeps the test about the parallelism.
-def _spec(strategy, F, R, S, A=None, **model):
+def _spec(strategy, F, R, S, A=None, train=None, **model):
     return {"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "out_dir": "/nonexistent",
             "model": {"preset": "tiny", **model},
-            "train": {"steps": STEPS, "seq_len": 16, "batch_per_rank": 2, "lr": 1e-3, "eps": 1e-6, "warmup_frac": 0.1}}
+            "train": {"steps": STEPS, "seq_len": 16, "batch_per_rank": 2, "lr": 1e-3, "eps": 1e-6, "warmup_frac": 0.1,
+                      **(train or {})}}
 
 
 CASES = {
@@ -64,14 +67,17 @@ CASES = {
     # vocab 511 makes the embedding shard unevenly (256 + 255 rows): valid, must not trip the guard.
     "fl_fsdp": _spec("fl_fsdp", 2, 1, 2, A=5, vocab_size=511),
     "fl_hsdp": _spec("fl_hsdp", 2, 2, 2, A=4),
+    # Optimizer state averaged too, through 4 KiB chunks (many chunks, several per parameter group).
+    "fl_fsdp_optstate_chunked": _spec("fl_fsdp", 2, 1, 2, A=3, train={"average_optimizer_state": True}),
 }
+CHUNK_BYTES = {"fl_fsdp_optstate_chunked": 4096}
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_matches_single_process_reference(name):
     spec = CASES[name]
     world = spec["F"] * spec["R"] * spec["S"]
-    outs = run_ranks(_worker, world, spec)
+    outs = run_ranks(_worker, world, spec, CHUNK_BYTES.get(name))
     grad_rel = max(o["grad_rel"] for o in outs)
     assert grad_rel <= 1e-5, f"{name}: gradients differ from the reference by {grad_rel:.2e} (relative)"
     worst = max(max(o["max_diff"]) for o in outs)

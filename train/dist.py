@@ -29,6 +29,7 @@ class DistEnv:
     local_rank: int
     launcher: str  # torchrun | slurm | submitit-local | single
     job_tag: str  # distinguishes attempts of a job for the rendezvous file
+    local_world: int = 1  # ranks sharing this host
 
     @property
     def host(self) -> str:
@@ -39,16 +40,18 @@ def detect(environ=os.environ) -> DistEnv:
     """Read rank/world/local rank from whichever launcher started us (torchrun wins over SLURM)."""
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]),
-                       int(environ.get("LOCAL_RANK", 0)), "torchrun", "torchrun")
+                       int(environ.get("LOCAL_RANK", 0)), "torchrun", "torchrun",
+                       int(environ.get("LOCAL_WORLD_SIZE", 1)))
     if "SUBMITIT_LOCAL_GLOBALID" in environ:
         return DistEnv(int(environ["SUBMITIT_LOCAL_GLOBALID"]), int(environ["SUBMITIT_LOCAL_NTASKS"]),
                        int(environ.get("SUBMITIT_LOCAL_LOCALID", 0)), "submitit-local",
-                       f"local-{environ.get('SUBMITIT_LOCAL_JOB_ID', 'job')}")
+                       f"local-{environ.get('SUBMITIT_LOCAL_JOB_ID', 'job')}", int(environ["SUBMITIT_LOCAL_NTASKS"]))
     if "SLURM_PROCID" in environ and "SLURM_NTASKS" in environ:
         tag = f"slurm-{environ.get('SLURM_JOB_ID', 'job')}-{environ.get('SLURM_STEP_ID', '0')}" \
               f"-{environ.get('SLURM_RESTART_COUNT', '0')}"
         return DistEnv(int(environ["SLURM_PROCID"]), int(environ["SLURM_NTASKS"]),
-                       int(environ.get("SLURM_LOCALID", 0)), "slurm", tag)
+                       int(environ.get("SLURM_LOCALID", 0)), "slurm", tag,
+                       int(environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]))
     return DistEnv(0, 1, 0, "single", f"single-{os.getpid()}")
 
 
@@ -77,6 +80,12 @@ def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ
         time.sleep(0.1)
     addr, port = path.read_text().split()
     return addr, int(port)
+
+
+def limit_cpu_threads(env: DistEnv, environ=os.environ) -> None:
+    """Share this host's CPUs among its ranks: oversubscribed OpenMP threads spin and slow CPU runs tenfold."""
+    if "OMP_NUM_THREADS" not in environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // max(1, env.local_world)))
 
 
 def pick_device(requested: str) -> str:

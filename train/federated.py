@@ -3,9 +3,9 @@
 Every A optimizer steps each rank averages its parameter shards with the same
 shard in the other F-1 groups: the shards are packed into flat buffers (chunked,
 so an 8B model never needs a second full copy), all_reduce SUM over the fed group,
-divided by F (gloo has no AVG/PREMUL_SUM), and copied back into the shard
-storage. FL+HSDP: only replica 0 of each group reduces across groups, then
-broadcasts over its replicate group, so replicas stay bit-identical.
+divided by F while being copied back into the shard storage (gloo has no
+AVG/PREMUL_SUM). FL+HSDP: only replica 0 of each group reduces across groups,
+then broadcasts the sum over its replicate group, so replicas stay bit-identical.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ class FedAvg:
         self.replicated = mesh["replicate"].size() > 1
         self.device = mesh.device_type
         self.checked = False
+        self.buffer: torch.Tensor | None = None
 
     def due(self, steps_done: int) -> bool:
         """Whether to average after `steps_done` optimizer steps."""
@@ -59,16 +60,21 @@ class FedAvg:
             self.check_alignment(contents=False)
         with torch.no_grad():
             for chunk in self._chunks(self.tensors()):
-                flat = torch.cat([t.reshape(-1) for t in chunk])
+                flat = self._buffer(chunk)
+                torch.cat([t.reshape(-1) for t in chunk], out=flat)
                 if self.replica == 0:
                     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.fed_group)
-                    flat.div_(self.F)
                 if self.replicated:
                     dist.broadcast(flat, group=self.rep_group, group_src=0)
-                offset = 0
-                for t in chunk:
-                    t.copy_(flat[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                for t, total in zip(chunk, flat.split([t.numel() for t in chunk])):
+                    torch.div(total.view_as(t), self.F, out=t)  # divide while copying back: one pass
+
+    def _buffer(self, chunk: list[torch.Tensor]) -> torch.Tensor:
+        """One flat buffer kept between averagings: a fresh allocation per event costs page faults."""
+        numel = sum(t.numel() for t in chunk)
+        if self.buffer is None or self.buffer.numel() < numel or self.buffer.dtype != chunk[0].dtype:
+            self.buffer = torch.empty(numel, dtype=chunk[0].dtype, device=chunk[0].device)
+        return self.buffer[:numel]
 
     def _chunks(self, tensors: list[torch.Tensor]):
         """Consecutive runs of same-dtype tensors up to chunk_bytes each."""

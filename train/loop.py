@@ -166,6 +166,8 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
                         f"{env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)
     device = dist_env.pick_device(spec.device)
+    if device == "cpu":
+        dist_env.limit_cpu_threads(env)
     out_dir.mkdir(parents=True, exist_ok=True)
     if env.rank == 0:  # a stale result must not make this attempt look finished
         for stale in ("result.json", "metrics.jsonl"):

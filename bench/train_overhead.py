@@ -1,0 +1,80 @@
+"""Step-time overhead of the fedshard entrypoint over a bare fully_shard loop (same model, same batch).
+
+Both loops run in the same 4 gloo processes, interleaved in rounds so machine noise hits both
+alike; prints the median step time of each and their ratio (target: <= 1.05).
+Run: python -m bench.train_overhead [--steps 30] [--rounds 3] [--preset small]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from tests.distributed import run_ranks
+from train import mesh as meshes, model as models, optim, parallelize
+from train.data import build_source
+from train.loop import Trainer
+from train.spec import RunSpec
+
+
+def _bare(spec: RunSpec, ids: torch.Tensor, steps: int) -> list[float]:
+    torch.manual_seed(spec.train.seed)
+    model = models.build(models.llama_config(spec.model), "cpu")
+    parallelize.shard(model, meshes.build("cpu", 1, 1, spec.S)["shard"], "fp32")
+    opt = optim.adamw(model.parameters(), spec.train)
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    dist.barrier()
+    return times
+
+
+def _ours(spec: RunSpec, rank: int, steps: int) -> list[float]:
+    trainer = Trainer(spec, rank, "cpu")
+    times = []
+    for i in range(steps):
+        t = time.perf_counter()
+        trainer.step(i)
+        if (i + 1) % spec.train.log_every == 0:
+            trainer.log.flush()
+        times.append(time.perf_counter() - t)
+    dist.barrier()
+    return times
+
+
+def _worker(rank, world, spec_dict, steps, rounds):
+    spec = RunSpec.from_dict(spec_dict)
+    source = build_source(spec.data, models.llama_config(spec.model).vocab_size, spec.train.seq_len, spec.train.seed)
+    ids = source.train_batch(rank, 0, spec.train.batch_per_rank, spec.train.seq_len)
+    bare, ours = [], []
+    for _ in range(rounds):
+        bare += _bare(spec, ids, steps)[2:]  # first steps warm up allocators
+        ours += _ours(spec, rank, steps)[2:]
+    return statistics.median(bare), statistics.median(ours)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--preset", default="small")
+    args = ap.parse_args()
+    spec = {"strategy": "fsdp", "F": 1, "R": 1, "S": 4, "out_dir": "/nonexistent", "model": {"preset": args.preset},
+            "train": {"steps": args.steps, "seq_len": 128, "batch_per_rank": 2, "timing": "end_to_end",
+                      "log_every": 10}}
+    bare, ours = max(run_ranks(_worker, 4, spec, args.steps, args.rounds), key=lambda x: x[1])
+    print(f"model={args.preset} ranks=4 (fsdp) steps={args.steps}x{args.rounds}")
+    print(f"bare fully_shard loop   median step {bare * 1e3:8.2f} ms")
+    print(f"fedshard Trainer.step   median step {ours * 1e3:8.2f} ms")
+    print(f"overhead ratio          {ours / bare:8.3f}  (target <= 1.05)")
+
+
+if __name__ == "__main__":
+    main()
