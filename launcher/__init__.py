@@ -1,0 +1,1 @@
+"""Launcher side of fedshard: reports that set sweep results beside the paper's."""

@@ -1,0 +1,40 @@
+"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report] [results_dir=DIR] [overrides]`."""
+from __future__ import annotations
+
+import sys
+
+from train.errors import FedshardError
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip() + "\nConfig groups live in conf/: cluster, sweep, model, train, data.")
+        return 0
+    from .settings import compose
+
+    try:
+        settings = compose(argv)
+        if settings.action == "plan":
+            from .plan import plan
+
+            plan(settings)
+            return 0
+        if settings.action == "report":
+            from . import report
+
+            print(report.write_report(settings.sweep_dir, report.load_results(settings.sweep_dir)))
+            return 0
+        from .run import run_sweep
+
+        return run_sweep(settings)
+    except (FedshardError, ValueError) as exc:
+        print(f"fedshard: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedshard: interrupted; running jobs cancelled, manifest.jsonl is consistent: "
+              "run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,130 @@
+"""action=run: submit every unfinished run, wait with progress, collect results, print the tables."""
+from __future__ import annotations
+
+import json
+import time
+
+from . import report, wandb_log
+from .settings import Settings
+from .store import Store
+from .submit import attempt_folder, check_environment, job_done, submit
+from .sweep import Run, expand
+
+PROGRESS_EVERY_S = 30.0
+
+
+def _progress(run: Run) -> str:
+    metrics = run.spec.out_dir and (run.spec.out_dir + "/metrics.jsonl")
+    try:
+        with open(metrics) as fh:
+            steps = sum(1 for _ in fh)
+    except OSError:
+        steps = 0
+    return f"step {steps}/{run.spec.train.steps}" if steps else "starting"
+
+
+def _failure_reason(job) -> str:
+    try:
+        exc = job.exception()
+    except Exception as err:  # submitit cannot read the task's outcome (killed, no pickle)
+        exc = err
+    lines = [l for l in str(exc or "").splitlines() if l.strip()]
+    errors = [l for l in lines if "fedshard: error" in l or "Error" in l]
+    return (errors or lines or ["no result.json (see the submitit logs)"])[-1].strip()[:300]
+
+
+class Sweeper:
+    def __init__(self, settings: Settings):
+        self.settings, self.cluster = settings, settings.cluster
+        self.store = Store(settings.sweep_dir)
+        self.running: dict[str, tuple[Run, object]] = {}
+        self.failed: dict[str, str] = {}
+        self.settled = 0  # runs that reached a final state in this invocation
+
+    def launch(self, run: Run) -> None:
+        attempt = self.store.entries.get(run.run_id, {}).get("attempts", 0) + 1
+        run_dir = self.settings.sweep_dir / run.run_id
+        spec_path = run_dir / "spec.json"
+        run.spec.save(spec_path)
+        job = submit(self.cluster, run, spec_path, attempt_folder(run_dir, attempt))
+        self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt)
+        self.running[run.run_id] = (run, job)
+        print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
+
+    def wait(self, total: int) -> None:
+        last = time.monotonic()
+        while self.running:
+            for run_id, (run, job) in list(self.running.items()):
+                done, state = job_done(job, self.cluster.executor)
+                if not done:
+                    if state != self.store.state(run_id):
+                        self.store.record(run_id, state=state)
+                    continue
+                del self.running[run_id]
+                if (self.settings.sweep_dir / run_id / "result.json").exists():
+                    self.store.record(run_id, state="COMPLETED")
+                    self.failed.pop(run_id, None)
+                    wandb_log.log_run(self.settings.wandb, self.settings.sweep.name,
+                                      self.settings.sweep_dir / run_id)
+                else:
+                    reason = _failure_reason(job)
+                    self.store.record(run_id, state="FAILED", reason=reason, scheduler_state=state)
+                    self.failed[run_id] = reason
+                self.settled += 1
+                print(f"[{self.settled}/{total}] {run_id}: {self.store.state(run_id)}"
+                      + (f" ({self.failed[run_id]})" if run_id in self.failed else ""), flush=True)
+            if self.running and time.monotonic() - last > PROGRESS_EVERY_S:
+                last = time.monotonic()
+                print("  running: " + ", ".join(f"{rid} {_progress(run)}" for rid, (run, _) in
+                                                self.running.items()), flush=True)
+            if self.running:
+                time.sleep(self.settings.poll_s)
+
+    def cancel_running(self) -> None:
+        for run_id, (_, job) in self.running.items():
+            job.cancel(check=False)
+            self.store.record(run_id, state="CANCELLED")
+        self.running.clear()
+
+    def run(self, runs: list[Run]) -> None:
+        """Local runs go one at a time (they share this machine); SLURM runs are submitted together."""
+        todo = [r for r in runs if not self.store.finished(r.run_id)]
+        for r in runs:
+            if r not in todo:
+                print(f"skipped {r.run_id}: finished earlier", flush=True)
+        for attempt in range(1 + self.settings.retries):
+            if attempt:
+                todo = [r for r in todo if r.run_id in self.failed]
+                if not todo:
+                    break
+                print(f"retrying {len(todo)} failed run(s)", flush=True)
+            self.settled = 0
+            if self.cluster.executor == "local":
+                for r in todo:
+                    self.launch(r)
+                    self.wait(len(todo))
+            else:
+                for r in todo:
+                    self.launch(r)
+                self.wait(len(todo))
+
+
+def run_sweep(settings: Settings) -> int:
+    runs = expand(settings)
+    check_environment(settings.cluster)
+    wandb_log.check(settings.wandb)
+    sweeper = Sweeper(settings)
+    try:
+        sweeper.run(runs)
+    except KeyboardInterrupt:
+        sweeper.cancel_running()
+        raise
+    results = [json.loads((settings.sweep_dir / r.run_id / "result.json").read_text())
+               for r in runs if sweeper.store.finished(r.run_id)]
+    if results:
+        print(report.write_report(settings.sweep_dir, results))
+    if sweeper.failed:
+        print(f"fedshard: {len(sweeper.failed)} of {len(runs)} run(s) failed: "
+              + "; ".join(f"{k}: {v}" for k, v in sweeper.failed.items()))
+        return 1
+    return 0

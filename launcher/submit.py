@@ -1,0 +1,112 @@
+"""submitit executors with per-run resources, the sbatch text for plans, and job-state polling.
+
+cluster=local: one submitit LocalExecutor job per run whose tasks are the ranks.
+SLURM clusters: nodes x (tasks per node = GPUs per node), partition/account/qos/time,
+setup lines and extra sbatch parameters from the cluster config. submitit learns job
+state only from sacct; where accounting is absent it would wait forever for a job
+killed outside Python, so we fall back to squeue / scontrol (with a timeout).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import submitit
+
+from train.__main__ import TrainJob
+
+from .errors import SubmitError
+from .settings import Cluster
+from .sweep import Run
+
+QUERY_TIMEOUT_S = 20
+
+
+def attempt_folder(run_dir: Path, attempt: int) -> Path:
+    """A submitit folder per attempt: job ids restart on a fresh cluster and must not meet stale outputs."""
+    return run_dir / "submitit" / f"attempt{attempt}"
+
+
+def slurm_parameters(cluster: Cluster, run: Run) -> dict:
+    """submitit SlurmExecutor parameters (names as sbatch's, underscores for dashes)."""
+    params = {"job_name": run.run_id, "nodes": run.nodes, "ntasks_per_node": cluster.gpus_per_node,
+              "time": cluster.time_min, "partition": cluster.partition, "setup": list(cluster.setup)}
+    if cluster.device == "cuda":
+        params["gpus_per_node"] = cluster.gpus_per_node
+    for key in ("account", "qos"):
+        if getattr(cluster, key):
+            params[key] = getattr(cluster, key)
+    known = submitit.SlurmExecutor._valid_parameters()
+    extra = dict(cluster.sbatch_extra)
+    params.update({k: extra.pop(k) for k in list(extra) if k in known})
+    if extra:
+        params["additional_parameters"] = extra
+    return params
+
+
+def sbatch_text(cluster: Cluster, run: Run, folder: Path) -> str:
+    """The script submitit would submit for this run (shown by action=plan)."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
+    return _make_sbatch_string(command=command, folder=folder, **slurm_parameters(cluster, run))
+
+
+def resources(cluster: Cluster, run: Run) -> dict:
+    if cluster.executor == "local":
+        return {"executor": "local", "tasks": run.spec.world_size, "timeout_min": cluster.time_min}
+    return {"executor": "slurm", **slurm_parameters(cluster, run)}
+
+
+def check_environment(cluster: Cluster) -> None:
+    """Refuse before submitting anything when the scheduler's client is missing."""
+    if cluster.executor == "slurm":
+        for tool in ("sbatch", "srun"):
+            if shutil.which(tool) is None:
+                raise SubmitError(f"cluster {cluster.name!r} uses SLURM but `{tool}` is not on PATH "
+                                  f"(run on a login node, or use cluster=local)")
+
+
+def make_executor(cluster: Cluster, run: Run, folder: Path):
+    if cluster.executor == "local":
+        executor = submitit.LocalExecutor(folder=folder)
+        executor.update_parameters(tasks_per_node=run.spec.world_size, nodes=1, timeout_min=cluster.time_min)
+        return executor
+    executor = submitit.SlurmExecutor(folder=folder)
+    executor.update_parameters(**slurm_parameters(cluster, run))
+    return executor
+
+
+def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path):
+    return make_executor(cluster, run, folder).submit(TrainJob(str(spec_path)))
+
+
+def scheduler_state(job_id: str) -> str | None:
+    """Job state from squeue, else scontrol; None when SLURM no longer knows the job."""
+    for cmd in (["squeue", "-h", "-j", job_id, "-o", "%T"], ["scontrol", "-o", "show", "job", job_id]):
+        if shutil.which(cmd[0]) is None:
+            continue
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S).stdout.strip()
+        except subprocess.TimeoutExpired:
+            continue
+        if cmd[0] == "squeue" and out:
+            return out.split()[0]
+        if cmd[0] == "scontrol" and "JobState=" in out:
+            return out.split("JobState=")[1].split()[0]
+    return None
+
+
+def job_done(job, executor_kind: str) -> tuple[bool, str]:
+    """(done, state). SLURM jobs that sacct cannot see are resolved through squeue/scontrol."""
+    if job.done():
+        return True, job.state
+    if executor_kind == "slurm" and job.state in ("UNKNOWN", "NODE_FAIL"):
+        state = scheduler_state(str(job.job_id))
+        if state is None or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
+                                      "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
+            return True, state or "VANISHED"
+        return False, state
+    return False, job.state

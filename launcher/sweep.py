@@ -1,0 +1,121 @@
+"""Expand a sweep (strategy x A x F x nodes x repeats, minus exclusions) into run specs.
+
+Layouts follow the paper's rules: S = GPUs per node (sharding stays inside a node).
+FSDP shards over all N ranks; HSDP replicates across nodes; FL+FSDP makes every
+node a federation group; FL+HSDP splits the nodes into F groups of R nodes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from train.errors import FedshardError
+from train.spec import STRATEGIES, RunSpec
+
+from .errors import ConfigError
+from .settings import Settings
+
+
+@dataclass
+class Run:
+    """One planned run: the spec train/ gets, plus what the scheduler needs."""
+
+    spec: RunSpec
+    nodes: int
+    note: str = ""
+
+    @property
+    def run_id(self) -> str:
+        return self.spec.run_id
+
+
+def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None) -> tuple[int, int, int]:
+    """(F, R, S) for a strategy on `nodes` nodes."""
+    S = gpus_per_node
+    if strategy == "fsdp":
+        return 1, 1, nodes * S
+    if strategy == "hsdp":
+        return 1, nodes, S
+    if strategy == "fl_fsdp":
+        return nodes, 1, S
+    if F is None or F < 2 or nodes % F:
+        raise ConfigError(f"fl_hsdp: F={F} federation groups must be >= 2 and divide the {nodes} nodes")
+    return F, nodes // F, S
+
+
+def scaled_F(F: int, nodes: int, paper_nodes: int | None) -> tuple[int, str]:
+    """F at this node count: the sweep's F refers to `paper_nodes`; smaller clusters keep the proportion."""
+    if not paper_nodes or nodes >= paper_nodes:
+        return F, ""
+    exact = F * nodes / paper_nodes
+    scaled = max(2, int(exact))
+    if exact >= 2 and exact != int(exact):
+        raise ConfigError(f"F={F} at {paper_nodes} nodes scales to {exact:g} groups at {nodes} nodes; "
+                          f"set sweep.F explicitly")
+    return scaled, f"F scaled {F}->{scaled} ({paper_nodes}->{nodes} nodes)"
+
+
+def _node_counts(settings: Settings) -> list[int]:
+    out = []
+    for n in settings.sweep.nodes:
+        n = settings.cluster.nodes if n == "all" else n
+        if not isinstance(n, int) or n < 1:
+            raise ConfigError(f"sweep.nodes entries must be positive integers or 'all', got {n!r}")
+        if n > settings.cluster.nodes:
+            raise ConfigError(f"sweep {settings.sweep.name!r} asks for {n} nodes but cluster "
+                              f"{settings.cluster.name!r} has {settings.cluster.nodes}")
+        out.append(n)
+    return out
+
+
+def _excluded(point: dict, exclude: list) -> bool:
+    return any(all(point.get(k) == v for k, v in rule.items()) for rule in exclude)
+
+
+def expand(settings: Settings) -> list[Run]:
+    """Every run of the sweep, validated (a bad one stops the whole sweep before submission)."""
+    sweep, cluster = settings.sweep, settings.cluster
+    unknown = [s for s in sweep.strategies if s not in STRATEGIES]
+    if unknown:
+        raise ConfigError(f"unknown strategy {unknown[0]!r} in sweep {sweep.name!r}; "
+                          f"expected one of {', '.join(STRATEGIES)}")
+    if not isinstance(sweep.repeats, int) or sweep.repeats < 1:
+        raise ConfigError(f"sweep.repeats must be a positive integer, got {sweep.repeats!r}")
+    runs: list[Run] = []
+    for nodes in _node_counts(settings):
+        for strategy in sweep.strategies:
+            As = sweep.A if strategy.startswith("fl_") else [None]
+            Fs = sweep.F if strategy == "fl_hsdp" else [None]
+            for F_asked in Fs:
+                F, note = scaled_F(F_asked, nodes, sweep.paper_nodes) if F_asked is not None else (None, "")
+                for A in As:
+                    point = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes}
+                    if _excluded(point, sweep.exclude):
+                        continue
+                    runs += [_run(settings, strategy, nodes, F, A, rep, note) for rep in range(1, sweep.repeats + 1)]
+    if not runs:
+        raise ConfigError(f"sweep {sweep.name!r} expands to no runs (check strategies and exclude)")
+    ids = [r.run_id for r in runs]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"sweep {sweep.name!r} has duplicate runs: {sorted({i for i in ids if ids.count(i) > 1})}")
+    return runs
+
+
+def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str) -> Run:
+    cluster, sweep = settings.cluster, settings.sweep
+    F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F)
+    world = F_ * R * S
+    if cluster.max_ranks is not None and world > cluster.max_ranks:
+        raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
+                          f"at most {cluster.max_ranks} (cluster.max_ranks)")
+    raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "", "model": settings.model,
+           "data": settings.data, "train": {**settings.train, **sweep.train}, "device": cluster.device,
+           "backend": cluster.backend, "peak_flops": cluster.peak_flops}
+    try:
+        spec = RunSpec.from_dict({**raw, "out_dir": "pending"})
+    except FedshardError as exc:
+        raise ConfigError(f"{strategy} (F,R,S)=({F_},{R},{S}): {exc}") from None
+    if sweep.repeats > 1:
+        spec.run_id += f"-rep{rep}"
+        spec.train.seed += rep - 1  # repeats differ in seed, so they measure run-to-run spread
+    spec.out_dir = str(settings.sweep_dir / spec.run_id)
+    return Run(spec=spec, nodes=nodes, note=note)

@@ -1,0 +1,136 @@
+"""The launcher: layouts as in the paper, plan.json and sbatch text, bad input, and a real local sweep."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.settings import compose
+from launcher.sweep import expand
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _launcher(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
+                          env=env or _env(), timeout=kw.pop("timeout", 900), **kw)
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "MASTER_"))}
+    return {**env, **extra}
+
+
+def _layouts(overrides):
+    return [(r.spec.strategy, r.spec.F, r.spec.R, r.spec.S, r.spec.A) for r in expand(compose(overrides))]
+
+
+def test_leonardo_paper_table3_plan_is_the_papers_four_runs(tmp_path):
+    proc = _launcher("sweep=paper_table3", "cluster=leonardo", "action=plan", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads((tmp_path / "paper_table3" / "plan.json").read_text())
+    got = [(r["strategy"], r["F"], r["R"], r["S"], r["A"]) for r in plan["runs"]]
+    assert got == [("fsdp", 1, 1, 512, None), ("hsdp", 1, 128, 4, None), ("fl_fsdp", 128, 1, 4, 8),
+                   ("fl_hsdp", 16, 8, 4, 8)]
+    for r in plan["runs"]:
+        assert r["model"] == {"preset": "llama3_8b"} and r["nodes"] == 128
+        assert r["train"] == {"steps": 100, "seq_len": 2048, "batch_per_rank": 2, "lr": 3e-4, "precision": "paper"}
+        assert r["resources"]["ntasks_per_node"] == 4 and r["resources"]["gpus_per_node"] == 4
+    assert "fl_hsdp-F16-R8-S4-A8" in proc.stdout
+
+
+def test_sbatch_text_matches_golden_file(tmp_path):
+    assert _launcher("sweep=paper_table3", "cluster=leonardo", "action=plan", f"results_dir={tmp_path}",
+                     "cluster.account=my_account").returncode == 0
+    run = json.loads((tmp_path / "paper_table3" / "plan.json").read_text())["runs"][3]
+    text = run["sbatch"].replace(str(tmp_path), "RESULTS").replace(sys.executable, "PYTHON")
+    assert text == (GOLDEN / "leonardo_fl_hsdp.sbatch").read_text()
+
+
+def test_local_cluster_scales_the_paper_layouts_to_4_nodes_of_2():
+    assert _layouts(["sweep=paper_table3"]) == [("fsdp", 1, 1, 8, None), ("hsdp", 1, 4, 2, None),
+                                                ("fl_fsdp", 4, 1, 2, 8), ("fl_hsdp", 2, 2, 2, 8)]
+
+
+def test_exclusions_repeats_and_axes():
+    runs = expand(compose(["sweep=agg_frequency", "sweep.A=[1,4]", "sweep.repeats=2",
+                           "sweep.exclude=[{strategy: fl_hsdp, A: 1}]"]))
+    ids = [r.run_id for r in runs]
+    assert ids == ["fl_fsdp-F4-R1-S2-A1-rep1", "fl_fsdp-F4-R1-S2-A1-rep2", "fl_fsdp-F4-R1-S2-A4-rep1",
+                   "fl_fsdp-F4-R1-S2-A4-rep2", "fl_hsdp-F2-R2-S2-A4-rep1", "fl_hsdp-F2-R2-S2-A4-rep2"]
+    assert runs[0].spec.train.seed != runs[1].spec.train.seed
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sweep=nope"], "available sweep: agg_frequency, paper_table3, paper_table4, smoke"),
+    (["cluster=nope"], "available cluster: leonardo, local, slurm"),
+    (["sweep.strategies=[fsdp,diloco]"], "unknown strategy 'diloco'"),
+    (["sweep=paper_table3", "sweep.F=[3]", "sweep.paper_nodes=null"], "F=3 federation groups must be >= 2 and divide"),
+    (["sweep=paper_table3", "cluster.max_ranks=4"], "needs 8 ranks but cluster 'local' holds at most 4"),
+    (["sweep=paper_table3", "cluster=slurm"], "partition"),
+    (["sweep=paper_table3", "cluster=leonardo", "cluster.partition=null"], "has no partition"),
+    (["sweep.nodes=[64]"], "asks for 64 nodes but cluster 'local' has 4"),
+    (["action=explode"], "action must be one of run, plan, report"),
+    (["train.bogus=1"], "Could not override 'train.bogus': no such key"),
+    (["+train.bogus=1"], "unknown train key(s): bogus"),
+    (["sweep=paper_table3", "train.lr=-1"], "train.lr must be > 0"),
+])
+def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
+    proc = _launcher(*args, f"results_dir={tmp_path}")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("fedshard: error: "), proc.stderr
+    assert message in lines[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_slurm_cluster_without_sbatch_submits_nothing(tmp_path):
+    env = _env(PATH=os.path.dirname(sys.executable))  # python only: no sbatch, no srun
+    proc = _launcher("sweep=smoke", "cluster=leonardo", f"results_dir={tmp_path}", env=env)
+    assert proc.returncode == 2 and "`sbatch` is not on PATH" in proc.stderr
+    assert not (tmp_path / "smoke" / "manifest.jsonl").exists()
+
+
+SMOKE = ["sweep=smoke", "model=tiny"]
+
+
+def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
+    proc = _launcher(*SMOKE, f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sweep_dir = tmp_path / "smoke"
+    manifest = [json.loads(l) for l in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
+    assert {m["run_id"]: m["state"] for m in manifest} == {"fsdp-F1-R1-S4": "COMPLETED",
+                                                           "fl_fsdp-F2-R1-S2-A2": "COMPLETED"}
+    for name in ("table3.md", "table3.csv", "table3.tex", "table4.md", "table4.csv", "table4.tex",
+                 "ppl_vs_time.png", "phases.png"):
+        assert (sweep_dir / name).stat().st_size > 0, name
+    table3 = (sweep_dir / "table3.md").read_text()
+    assert "| FSDP | (1,1,4) |" in table3 and "| FL+FSDP | (2,1,2) | 2 |" in table3
+    assert "Table 3" in proc.stdout and "Table 4" in proc.stdout
+    result = json.loads((sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json").read_text())
+    assert result["aggregations"] == 3 and result["world_size"] == 4
+
+    again = _launcher(*SMOKE, f"results_dir={tmp_path}")
+    assert again.returncode == 0
+    assert again.stdout.count("skipped") == 2 and "submitted" not in again.stdout
+    assert "Table 3" in again.stdout
+
+
+def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, f"results_dir={tmp_path}"], env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert first.startswith("submitted fsdp-F1-R1-S4"), first
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err
+    manifest = [json.loads(l) for l in (tmp_path / "smoke" / "manifest.jsonl").read_text().splitlines()]
+    assert [(m["run_id"], m["state"]) for m in manifest] == [("fsdp-F1-R1-S4", "CANCELLED")]
+    assert not (tmp_path / "smoke" / "fsdp-F1-R1-S4" / "result.json").exists()
+    again = _launcher(*SMOKE, f"results_dir={tmp_path}")
+    assert again.returncode == 0, again.stderr
+    assert "submitted fsdp-F1-R1-S4 as job" in again.stdout and "(attempt 2)" in again.stdout

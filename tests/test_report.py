@@ -1,0 +1,174 @@
+"""Report tables and plots, from hand-made result files whose expected ratios are computed from the inputs."""
+import csv
+import io
+import json
+import statistics
+
+import pytest
+
+from launcher.paper import LLAMA3_8B_PARAMS, reproduces_paper
+from launcher.report import Table, group_repeats, load_results, plots, table3, table4, write_report
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def phase(mean, std=0.0, n=4):
+    return {"mean": mean, "std": std, "n": n}
+
+
+def result(run_id, strategy, F, R, S, A, time, eval_ppl, fwd=1.0, agg=None, world=4, params=1000, floor=3.0, **kw):
+    """A test input shaped like train.loop's result.json."""
+    r = {"run_id": run_id, "strategy": strategy, "F": F, "R": R, "S": S, "A": A, "world_size": world, "steps": 8,
+         "seq_len": 16, "batch_per_rank": 2, "tokens": 1024, "train_time_s": time, "tokens_per_s": 1024 / time,
+         "tokens_per_s_per_device": 1024 / time / world, "train_ppl": eval_ppl * 1.1, "eval_ppl": eval_ppl,
+         "eval_time_s": 0.5, "floor_ppl": floor,
+         "phases": {"forward": phase(fwd), "backward": phase(2.0), "optimizer": phase(0.25),
+                    "aggregation": phase(agg, 0.1, 2) if agg is not None else phase(None, None, 0)},
+         "aggregations": 2 if agg is not None else 0, "timing": "phases", "precision": "fp32", "params": params,
+         "peak_memory_bytes": 10**6, "mfu": None, "device": "cpu", "backend": "gloo", "data": {"kind": "markov"},
+         "ranks": [{"rank": 0, "host": "h", "topology_addr": None}]}
+    r.update(kw)
+    return r
+
+
+SWEEP = [  # written in an order unlike the report's
+    result("fl_hsdp-F2-R2-S2-A8", "fl_hsdp", 2, 2, 2, 8, 20.0, 40.0, agg=0.3, world=8),  # no FSDP run of 8 ranks
+    result("fl_fsdp-F2-R1-S2-A16", "fl_fsdp", 2, 1, 2, 16, 25.0, 80.0, agg=0.2),
+    result("fl_fsdp-F2-R1-S2-A4-rep1", "fl_fsdp", 2, 1, 2, 4, 12.0, 24.0, fwd=1.0, agg=0.2),
+    result("fl_fsdp-F2-R1-S2-A4-rep2", "fl_fsdp", 2, 1, 2, 4, 13.0, 26.0, fwd=3.0, agg=0.2),
+    result("hsdp-F1-R2-S2", "hsdp", 1, 2, 2, None, 40.0, 60.0),
+    result("fsdp-F1-R1-S4", "fsdp", 1, 1, 4, None, 100.0, 50.0, tokens_per_s=12345.6),
+]
+ORDER = ["fsdp-F1-R1-S4", "hsdp-F1-R2-S2", "fl_fsdp-F2-R1-S2-A4", "fl_fsdp-F2-R1-S2-A16", "fl_hsdp-F2-R2-S2-A8"]
+
+
+def write_sweep(root, results):
+    for r in results:
+        run = root / r["run_id"]
+        run.mkdir()
+        (run / "result.json").write_text(json.dumps(r))
+        steps = [{"step": i, "loss": 5.0 - i * 0.3, "ppl": 150.0 / (i + 1), "lr": 1e-3, "forward": 0.1,
+                  "backward": 0.2, "optimizer": 0.05, "aggregation": 0.0, "step_time": 0.35,
+                  "aggregated": False, "elapsed_s": 0.35 * (i + 1)} for i in range(8)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+    return root
+
+
+def column(table, name):
+    return [row[table.columns.index(name)] for row in table.rows]
+
+
+def csv_rows(table):
+    return list(csv.DictReader(io.StringIO(table.to_csv())))
+
+
+def test_load_sorts_by_run_id_and_group_merges_repeats(tmp_path):
+    results = load_results(write_sweep(tmp_path, SWEEP))
+    assert [r["run_id"] for r in results] == sorted(r["run_id"] for r in SWEEP)
+    merged = {r["run_id"]: r for r in group_repeats(results)}
+    assert set(merged) == set(ORDER)
+    rep = merged["fl_fsdp-F2-R1-S2-A4"]
+    assert rep["repeats"] == 2 and rep["train_time_s"] == 12.5 and rep["eval_ppl"] == 25.0
+    assert rep["train_time_s_std"] == pytest.approx(statistics.stdev([12.0, 13.0]))
+    assert rep["eval_ppl_std"] == pytest.approx(statistics.stdev([24.0, 26.0]))
+    assert rep["tokens_per_s"] == pytest.approx((1024 / 12 + 1024 / 13) / 2)
+    assert rep["F"] == 2 and isinstance(rep["F"], int) and rep["A"] == 4
+    assert rep["phases"]["forward"] == {"mean": 2.0, "std": pytest.approx(1.0), "n": 8}  # pooled: 4×1.0 and 4×3.0
+    assert rep["phases"]["aggregation"]["n"] == 4
+    single = merged["hsdp-F1-R2-S2"]
+    assert single["repeats"] == 1 and single["train_time_s_std"] is None
+    assert single["phases"]["aggregation"] == {"mean": None, "std": None, "n": 0}
+    assert group_repeats(group_repeats(results)) == group_repeats(results)
+
+
+def test_table3_order_ratios_and_none(tmp_path):
+    t = table3(load_results(write_sweep(tmp_path, SWEEP)))
+    assert column(t, "Strategy") == ["FSDP", "HSDP", "FL+FSDP", "FL+FSDP", "FL+HSDP"]
+    assert column(t, "A") == [None, None, 4, 16, 8]
+    assert "PPL floor" in t.columns and "Runs" in t.columns and "Paper time (s)" not in t.columns
+    md = t.to_markdown()
+    lines = {line.split(" | ")[1] + line.split(" | ")[2]: line for line in md.splitlines()[4:]}
+    assert "| 8.00× | 2.00× |" in lines["(2,1,2)4"]  # 100 s / 12.5 s, 50 / 25 PPL (means of the repeats)
+    assert "| 2 | 12.50 ± 0.71 |" in lines["(2,1,2)4"]
+    assert "| 1 | 100.00 | 12,346 |" in lines["(1,1,4)–"] and "| 1.00× | 1.00× |" in lines["(1,1,4)–"]
+    assert "| 2.50× | 0.833× |" in lines["(1,2,2)–"]  # 100/40, 50/60
+    assert "| 4.00× | 0.625× |" in lines["(2,1,2)16"]  # 100/25, 50/80
+    assert "| – | – |" in lines["(2,2,2)8"]  # 8 ranks: no FSDP run of that size to compare with
+
+
+def test_table3_csv_holds_raw_numbers(tmp_path):
+    rows = csv_rows(table3(load_results(write_sweep(tmp_path, SWEEP))))
+    fsdp, rep = rows[0], rows[2]
+    assert float(fsdp["Tokens/s mean"]) == 12345.6 and fsdp["Tokens/s std"] == "" and fsdp["A"] == ""
+    assert float(rep["Training time (s) mean"]) == 12.5 and rep["Runs"] == "2"
+    assert float(rep["Training time (s) std"]) == pytest.approx(statistics.stdev([12.0, 13.0]))
+    assert float(rep["× faster than FSDP"]) == 8.0 and rows[-1]["× faster than FSDP"] == ""
+    plain = csv_rows(table3([SWEEP[-1]]))  # no repeats: one raw column per value
+    assert float(plain[0]["Training time (s)"]) == 100.0 and "Runs" not in plain[0]
+
+
+def test_table4_mean_std_cells_and_split_csv(tmp_path):
+    t = table4(load_results(write_sweep(tmp_path, SWEEP)))
+    md = t.to_markdown()
+    assert "| 2.00 ± 1.00 |" in md  # pooled forward of the repeats
+    assert "| 0.30 ± 0.10 | 2 |" in md  # FL+HSDP aggregation, FedAvg events
+    rows = csv_rows(t)
+    assert float(rows[2]["Forward (s) mean"]) == 2.0 and float(rows[2]["Forward (s) std"]) == pytest.approx(1.0)
+    assert rows[0]["Aggregation (s) mean"] == "" and rows[0]["Aggregation (s) std"] == "" and rows[0]["FedAvg events"] == "0"
+    assert not any(c.startswith("Paper") for c in t.columns)
+
+
+def test_latex_is_booktabs_and_escaped(tmp_path):
+    tex = Table("t", ["a_b & c", "50% #1"], [["x_y", 1.5], ["–", None]]).to_latex()
+    assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
+    assert r"a\_b \& c & 50\% \#1 \\" in tex and r"x\_y & 1.5 \\" in tex and r"-- & -- \\" in tex
+    t3 = table3(load_results(write_sweep(tmp_path, SWEEP))).to_latex()
+    assert r"$\times$ faster than FSDP" in t3 and r"12.50 $\pm$ 0.71" in t3 and "12346" in t3 and "×" not in t3
+
+
+def test_paper_columns_only_for_paper_layouts(tmp_path):
+    p = LLAMA3_8B_PARAMS
+    paper = [result("fsdp-8b", "fsdp", 1, 1, 512, None, 700.0, 480.0, world=512, params=p, floor=None),
+             result("fl_hsdp-8b", "fl_hsdp", 16, 8, 4, 8, 100.0, 250.0, agg=0.1, world=512, params=p, floor=None),
+             result("fl_hsdp-8b-A4", "fl_hsdp", 16, 8, 4, 4, 90.0, 260.0, agg=0.1, world=512, params=p, floor=None)]
+    assert [reproduces_paper(r) for r in paper] == [True, True, False]
+    assert reproduces_paper(dict(paper[0], A=3)) and not reproduces_paper(dict(paper[0], params=p - 1))
+    t3 = table3(paper)
+    assert column(t3, "A") == [None, 4, 8]
+    assert column(t3, "Paper time (s)") == [770.54, None, 101.04]
+    assert column(t3, "Paper eval PPL") == [486.64, None, 255.81] and "PPL floor" not in t3.columns
+    assert column(t3, "× faster than FSDP") == [1.0, 700.0 / 90.0, 7.0]
+    t4 = table4(paper)
+    assert column(t4, "Paper aggregation (s)") == [None, None, (0.14, 0.54)]
+    assert column(t4, "Paper backward (s)") == [7.50, None, None]
+    assert "| 0.14 ± 0.54 |" in t4.to_markdown()
+    assert "Paper time (s)" not in table3(SWEEP).columns
+
+
+def test_write_report_files_and_plots(tmp_path):
+    results = load_results(write_sweep(tmp_path, SWEEP))
+    md = write_report(tmp_path, results)
+    assert "Table 3" in md and "Table 4" in md
+    for name in ("table3", "table4"):
+        for ext in ("md", "csv", "tex"):
+            assert (tmp_path / f"{name}.{ext}").read_text()
+    for png in ("ppl_vs_time.png", "phases.png"):
+        data = (tmp_path / png).read_bytes()
+        assert data[:8] == PNG and len(data) > 5000
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_plots_without_metrics_or_floor(tmp_path):
+    results = [result("fsdp-F1-R1-S4", "fsdp", 1, 1, 4, None, 100.0, 50.0, floor=None)]
+    paths = plots(tmp_path, results)
+    assert [p.name for p in paths] == ["ppl_vs_time.png", "phases.png"]
+    assert all(p.read_bytes()[:8] == PNG for p in paths)
+
+
+def test_bad_json_and_empty_sweep(tmp_path):
+    with pytest.raises(ValueError, match="no results under"):
+        write_report(tmp_path, load_results(tmp_path))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "result.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"broken[/\\]result\.json"):
+        load_results(tmp_path)
