@@ -75,6 +75,7 @@ def test_exclusions_repeats_and_axes():
     (["sweep=paper_table3", "cluster=leonardo", "cluster.partition=null"], "has no partition"),
     (["sweep.nodes=[64]"], "asks for 64 nodes but cluster 'local' has 4"),
     (["action=explode"], "action must be one of run, plan, report"),
+    (["wandb.enabled=true", "wandb.mode=cloud"], "wandb.mode must be one of offline, online, disabled"),
     (["train.bogus=1"], "Could not override 'train.bogus': no such key"),
     (["+train.bogus=1"], "unknown train key(s): bogus"),
     (["sweep=paper_table3", "train.lr=-1"], "train.lr must be > 0"),
@@ -98,7 +99,7 @@ SMOKE = ["sweep=smoke", "model=tiny"]
 
 
 def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
-    proc = _launcher(*SMOKE, f"results_dir={tmp_path}")
+    proc = _launcher(*SMOKE, f"results_dir={tmp_path}", "wandb.enabled=true", env=_env(WANDB_API_KEY=""))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweep_dir = tmp_path / "smoke"
     manifest = [json.loads(l) for l in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
@@ -112,6 +113,7 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     assert "Table 3" in proc.stdout and "Table 4" in proc.stdout
     result = json.loads((sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json").read_text())
     assert result["aggregations"] == 3 and result["world_size"] == 4
+    assert len(list((sweep_dir / "wandb").glob("offline-run-*"))) == 2  # offline: nothing left the machine
 
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")
     assert again.returncode == 0
