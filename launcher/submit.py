@@ -9,7 +9,6 @@ killed outside Python, so we fall back to squeue / scontrol (with a timeout).
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,11 +16,10 @@ import submitit
 
 from train.__main__ import TrainJob
 
+from . import scontrol
 from .errors import SubmitError
 from .settings import Cluster
 from .sweep import Run
-
-QUERY_TIMEOUT_S = 20
 
 
 def attempt_folder(run_dir: Path, attempt: int) -> Path:
@@ -83,28 +81,12 @@ def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path):
     return make_executor(cluster, run, folder).submit(TrainJob(str(spec_path)))
 
 
-def scheduler_state(job_id: str) -> str | None:
-    """Job state from squeue, else scontrol; None when SLURM no longer knows the job."""
-    for cmd in (["squeue", "-h", "-j", job_id, "-o", "%T"], ["scontrol", "-o", "show", "job", job_id]):
-        if shutil.which(cmd[0]) is None:
-            continue
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S).stdout.strip()
-        except subprocess.TimeoutExpired:
-            continue
-        if cmd[0] == "squeue" and out:
-            return out.split()[0]
-        if cmd[0] == "scontrol" and "JobState=" in out:
-            return out.split("JobState=")[1].split()[0]
-    return None
-
-
 def job_done(job, executor_kind: str) -> tuple[bool, str]:
     """(done, state). SLURM jobs that sacct cannot see are resolved through squeue/scontrol."""
     if job.done():
         return True, job.state
     if executor_kind == "slurm" and job.state in ("UNKNOWN", "NODE_FAIL"):
-        state = scheduler_state(str(job.job_id))
+        state = scontrol.job_state(str(job.job_id))
         if state is None or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
                                       "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
             return True, state or "VANISHED"
