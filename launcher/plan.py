@@ -1,39 +1,75 @@
-"""action=plan: every run's layout, resources and sbatch script, printed and saved to plan.json."""
+"""action=plan: every run's layout, placement, predicted communication and sbatch script -> plan.json."""
 from __future__ import annotations
 
 import json
 
+from train.presets import PRESETS
 from train.spec import write_atomic
 
+from . import planner, topology
+from .costmodel import Model, model_from_preset
 from .settings import Settings
 from .store import Store
 from .submit import attempt_folder, resources, sbatch_text
 from .sweep import Run, expand
 
+GB = 1e9
 
-def entry(settings: Settings, run: Run) -> dict:
+
+def comm_model(run: Run) -> Model:
+    """Bytes the cost model moves: the run's Llama shapes in its communication precision."""
+    shapes = dict(run.spec.model)
+    return model_from_preset({**PRESETS.get(shapes.pop("preset", None), {}), **shapes}, run.spec.train.precision)
+
+
+def entry(settings: Settings, run: Run, topo: topology.Topology, fsdp_s: dict) -> dict:
     spec, cluster = run.spec, settings.cluster
+    G = cluster.gpus_per_node
+    model = comm_model(run)
+    placement, predicted = planner.price(spec.strategy, spec.F, spec.R, spec.S, spec.A, G, model, topo)
+    if run.nodes not in fsdp_s:
+        fsdp_s[run.nodes] = planner.price("fsdp", 1, 1, run.nodes * G, None, G, model, topo)[1]
     attempt = Store(settings.sweep_dir).entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
     return {
         "run_id": run.run_id, "strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A,
-        "world_size": spec.world_size, "nodes": run.nodes, "gpus_per_node": cluster.gpus_per_node,
-        "model": spec.model, "train": {k: getattr(spec.train, k) for k in ("steps", "seq_len", "batch_per_rank",
-                                                                            "lr", "precision")},
-        "note": run.note, "resources": resources(cluster, run),
+        "world_size": spec.world_size, "gpus_per_node": G, "model": spec.model, "model_params": model.params,
+        "train": {k: getattr(spec.train, k) for k in ("steps", "seq_len", "batch_per_rank", "lr", "precision")},
+        "note": run.note, "nodes": placement.nodes, "hostfile": placement.hosts,
+        "coords": [list(c) for c in placement.coords], "bandwidth": placement.bandwidth,
+        "group_levels": placement.group_levels, "hierarchy_ok": placement.hierarchy_ok,
+        "predicted_comm_s": predicted, "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
+        else None, "resources": resources(cluster, run),
         "sbatch": sbatch_text(cluster, run, folder) if cluster.executor == "slurm" else None,
     }
 
 
+def _gbps(b) -> str:
+    return "-" if b is None else f"{b / GB:g}"
+
+
 def plan(settings: Settings) -> list[dict]:
-    entries = [entry(settings, run) for run in expand(settings)]
+    runs = expand(settings)
+    topo, source = topology.load(settings.cluster)
+    fsdp_s: dict = {}
+    entries = [entry(settings, run, topo, fsdp_s) for run in runs]
+    widest = max(runs, key=lambda r: r.nodes)
+    ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo)
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
-                                   "runs": entries}, indent=2) + "\n")
-    print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name}: {len(entries)} run(s)")
+                                   "topology": source, "runs": entries, "ranking": ranking}, indent=2) + "\n")
+    print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
+    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  vs FSDP")
     for e in entries:
-        A = f" A={e['A']}" if e["A"] else ""
-        print(f"  {e['run_id']:<28} (F,R,S)=({e['F']},{e['R']},{e['S']}){A} ranks={e['world_size']} "
-              f"nodes={e['nodes']} model={e['model'].get('preset', 'custom')} {e['note']}".rstrip())
+        bw = "/".join(_gbps(e["bandwidth"][k]) for k in ("B_S", "B_R", "B_F"))
+        ratio = f"{e['predicted_ratio_to_fsdp']:.3f}" if e["predicted_ratio_to_fsdp"] is not None else "-"
+        print(f"  {e['run_id']:<28} {e['world_size']:>5} {len(e['nodes']):>5}  {bw:<20} "
+              f"{'ok' if e['hierarchy_ok'] else 'BROKEN':<6} {e['predicted_comm_s']:>8.3g}s  {ratio:>7}"
+              + (f"  {e['note']}" if e["note"] else ""))
+    print(f"cheapest layouts on {widest.nodes} nodes (predicted communication per step):")
+    for row in ranking[:5]:
+        A = f" A={row['A']}" if row["A"] else ""
+        print(f"  {row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}: "
+              f"{row['predicted_comm_s']:.3g} s, {row['ratio_to_fsdp']:.3f} x FSDP")
     print(f"plan written to {path}")
     return entries

@@ -33,6 +33,13 @@ class Cluster:
     setup: list = field(default_factory=list)
     sbatch_extra: dict = field(default_factory=dict)
     snapshot: str | None = None
+    bandwidth_GBps: list = field(default_factory=list)
+    nodes_per_level: list = field(default_factory=list)
+
+    @property
+    def bandwidth(self) -> list[float]:
+        """Per-level bandwidth in bytes/s."""
+        return [b * 1e9 for b in self.bandwidth_GBps]
 
     def validate(self) -> "Cluster":
         if self.executor not in ("local", "slurm"):

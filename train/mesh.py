@@ -8,14 +8,9 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from .spec import coords  # noqa: F401  (re-exported: rank -> (f, r, s))
+
 DIMS = ("fed", "replicate", "shard")
-
-
-def coords(rank: int, F: int, R: int, S: int) -> tuple[int, int, int]:
-    """(f, r, s) of a rank in the row-major F x R x S grid."""
-    if not 0 <= rank < F * R * S:
-        raise ValueError(f"rank {rank} outside a grid of {F * R * S}")
-    return rank // (R * S), (rank // S) % R, rank % S
 
 
 def build(device_type: str, F: int, R: int, S: int) -> DeviceMesh:

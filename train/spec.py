@@ -162,6 +162,13 @@ class RunSpec:
         write_atomic(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+def coords(rank: int, F: int, R: int, S: int) -> tuple[int, int, int]:
+    """(f, r, s) of a rank in the row-major F x R x S grid (pure: the launcher uses it without torch)."""
+    if not 0 <= rank < F * R * S:
+        raise ValueError(f"rank {rank} outside a grid of {F * R * S}")
+    return rank // (R * S), (rank // S) % R, rank % S
+
+
 def default_run_id(spec: RunSpec) -> str:
     """Stable, readable id such as fl_hsdp-F16-R8-S4-A8."""
     run_id = f"{spec.strategy}-F{spec.F}-R{spec.R}-S{spec.S}"

@@ -1,0 +1,144 @@
+"""Rank placement honouring B_S > B_R > B_F: shard groups inside a node, federation groups under the lowest switch.
+
+The ranks of one federation group are contiguous (row-major (f, r, s)), so placing a
+group means choosing its nodes; rank k then runs on the (k // G)-th chosen node. Groups
+are packed bottom-up: as many as possible under single leaves, then under single level-1
+switches, and so on — which maximises, level by level, how many groups stay low. Among
+subtrees that achieve that best profile the lowest one is used, so the federation
+traffic between groups also crosses as few levels as possible.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from train.spec import coords
+
+from .topology import Topology
+
+
+class NoPlacement(ConfigError):
+    """No set of usable nodes can hold the layout; the message says why and what would fit."""
+
+
+@dataclass
+class Placement:
+    nodes: list[str]            # chosen nodes, in rank order
+    hosts: list[str]            # host of every rank
+    coords: list[tuple]         # (f, r, s) of every rank
+    group_levels: list[int]     # lowest common switch level of each federation group (-1: one node)
+    bandwidth: dict             # B_S, B_R, B_F bottlenecks in bytes/s (None where the group has one member)
+    hierarchy_ok: bool
+
+    def hostfile(self) -> str:
+        """One host per line in rank order: SLURM_HOSTFILE for `srun --distribution=arbitrary`."""
+        return "".join(h + "\n" for h in self.hosts)
+
+
+def units(F: int, R: int, S: int, G: int) -> tuple[int, int]:
+    """(nodes per packing unit, number of units): a unit is one federation group, or one node of several groups."""
+    group = R * S
+    if S % G and G % S:
+        raise ConfigError(f"S={S} shards neither fill whole nodes of {G} GPUs nor divide one")
+    if group % G == 0:
+        return group // G, F
+    if G % group == 0 and (F * group) % G == 0:
+        return 1, F * group // G
+    raise ConfigError(f"a federation group of R*S={group} ranks neither fills whole nodes of {G} GPUs "
+                      f"nor packs evenly into them")
+
+
+def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | None = None) -> Placement:
+    k, n_units = units(F, R, S, G)
+    usable = topo.usable() if usable is None else usable
+    if len(usable) < k * n_units:
+        raise NoPlacement(f"(F,R,S)=({F},{R},{S}) needs {k * n_units} nodes of {G} GPUs but only {len(usable)} "
+                          f"are usable; {_what_fits(F, R, S, G, len(usable))}")
+    chosen = _pack(topo, set(usable), k, n_units)
+    if chosen is None:
+        raise NoPlacement(f"(F,R,S)=({F},{R},{S}) cannot be placed on the usable nodes")
+    nodes = [n for unit in chosen for n in unit]
+    hosts = [nodes[rank // G] for rank in range(F * R * S)]
+    return assess(F, R, S, hosts, topo, nodes=nodes)
+
+
+def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list[str] | None = None) -> Placement:
+    """Per-level bottlenecks of a given rank -> host map (a plan, or where a finished run really ran)."""
+    world = F * R * S
+    grid = [coords(rank, F, R, S) for rank in range(world)]
+    idx = {c: rank for rank, c in enumerate(grid)}
+
+    def worst(groups) -> float | None:
+        levels = [topo.lca_level({hosts[idx[c]] for c in group}) for group in groups if len(group) > 1]
+        return topo.link(max(levels)) if levels else None
+
+    shard = [[(f, r, s) for s in range(S)] for f in range(F) for r in range(R)]
+    replica = [[(f, r, s) for r in range(R)] for f in range(F) for s in range(S)]
+    fed_replicas = range(1) if R > 1 else range(R)  # FL+HSDP: only replica 0 averages across groups
+    fed = [[(f, r, s) for f in range(F)] for r in fed_replicas for s in range(S)]
+    bandwidth = {"B_S": worst(shard), "B_R": worst(replica), "B_F": worst(fed)}
+    present = [b for b in bandwidth.values() if b is not None]
+    ok = all(a >= b for a, b in zip(present, present[1:]))
+    group_hosts = [{hosts[r] for r in range(f * R * S, (f + 1) * R * S)} for f in range(F)]
+    return Placement(nodes=nodes or list(dict.fromkeys(hosts)), hosts=hosts, coords=grid,
+                     group_levels=[topo.lca_level(h) for h in group_hosts], bandwidth=bandwidth, hierarchy_ok=ok)
+
+
+def _what_fits(F: int, R: int, S: int, G: int, usable: int) -> str:
+    k = max(1, R * S // G)
+    groups = usable // k
+    if groups >= 2:
+        return f"at most {groups} federation groups of this size fit (F={groups})"
+    return f"a federation group alone needs {k} nodes"
+
+
+def _pack(topo: Topology, usable: set[str], k: int, n_units: int) -> list[list[str]] | None:
+    """Choose n_units groups of k usable nodes each: best level profile, then lowest subtree."""
+    children: dict[str, list[str]] = {}
+    for child, up in topo.parent.items():
+        if child in topo.level:
+            children.setdefault(up, []).append(child)
+    order: dict[str, list[str]] = {}  # switch -> usable nodes below it, in tree order
+
+    def collect(switch: str) -> list[str]:
+        if switch not in order:
+            if switch in topo.leaves:
+                order[switch] = [n for n in topo.leaves[switch] if n in usable]
+            else:
+                order[switch] = [n for c in children.get(switch, []) for n in collect(c)]
+        return order[switch]
+
+    best = None
+    for region in sorted(topo.level, key=lambda s: topo.level[s]):
+        if len(collect(region)) < k * n_units:
+            continue
+        groups = _greedy(topo, region, children, collect, k, n_units)
+        if groups is None:
+            continue
+        profile = sorted(level for level, _ in groups)
+        key = (profile, topo.level[region], len(collect(region)))
+        if best is None or key < best[0]:
+            best = (key, [nodes for _, nodes in groups])
+    return None if best is None else best[1]
+
+
+def _greedy(topo, region, children, collect, k, n_units):
+    """Bottom-up: fill groups under the lowest switches of `region` first; nodes are taken in tree order."""
+    by_level: dict[int, list[str]] = {}
+    stack = [region]
+    while stack:
+        s = stack.pop()
+        by_level.setdefault(topo.level[s], []).append(s)
+        stack += children.get(s, [])
+    taken: set[str] = set()
+    groups = []
+    for level in sorted(by_level):
+        for switch in sorted(by_level[level]):
+            free = [n for n in collect(switch) if n not in taken]
+            while len(groups) < n_units and len(free) >= k:
+                unit, free = free[:k], free[k:]
+                taken.update(unit)
+                groups.append((level if k > 1 else -1, unit))
+        if len(groups) == n_units:
+            return groups
+    return None

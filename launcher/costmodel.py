@@ -1,0 +1,96 @@
+"""The paper's per-batch communication cost model (NCCL ring) and a planner that ranks rank layouts with it.
+
+Pure arithmetic, no torch: `plan` must stay fast. Every strategy is one grid F x R x S, so one function
+prices them all; the strategy only decides which of three terms exist:
+
+- shard       3(S-1)/(S*B_S)                      all-gather x2 + reduce-scatter every step
+- replicate   2(R-1)/(R*B_R)                      gradient all-reduce across replicas every step
+- federation  (1/A)*(2(F-1)/(F*B_F) + 1/B_R)      FedAvg all-reduce across groups every A steps, then
+                                                  replica 0's broadcast to the other R-1 (FL+HSDP only)
+
+each multiplied by M*L = the model's bytes. A group of size 1 sends nothing, so its term is 0 and its
+bandwidth may be None; that includes the broadcast when R = 1, and the whole federation term when F = 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
+_LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size")
+
+
+def llama_params(vocab_size: int, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
+                 num_key_value_heads: int, intermediate_size: int, tie_word_embeddings: bool = False) -> int:
+    """Exact parameter count of a HF LlamaForCausalLM (no biases), without building one."""
+    kv = hidden_size // num_attention_heads * num_key_value_heads
+    attention = 2 * hidden_size * hidden_size + 2 * hidden_size * kv  # q, o; k, v
+    layer = attention + 3 * hidden_size * intermediate_size + 2 * hidden_size  # gate/up/down; 2 RMSNorms
+    embeddings = vocab_size * hidden_size * (1 if tie_word_embeddings else 2)  # embed_tokens (+ lm_head)
+    return embeddings + num_hidden_layers * layer + hidden_size  # + final norm
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the cost model needs of a model: only the total bytes moved (M*L) enter the formulas."""
+    params: int
+    layers: int
+    bytes_per_param: int
+
+    @property
+    def bytes(self) -> int:
+        return self.params * self.bytes_per_param
+
+
+def model_from_preset(preset_kwargs: dict, precision: str) -> Model:
+    """A Model from LlamaConfig kwargs; "bf16" and "paper" communicate in bf16 (2 bytes), the rest in fp32."""
+    missing = [key for key in _LLAMA_KEYS if key not in preset_kwargs]
+    if missing:
+        raise ValueError(f"model preset lacks {', '.join(missing)}")
+    params = llama_params(**{key: preset_kwargs[key] for key in _LLAMA_KEYS},
+                          tie_word_embeddings=preset_kwargs.get("tie_word_embeddings", False))
+    return Model(params, preset_kwargs["num_hidden_layers"], 2 if precision in ("bf16", "paper") else 4)
+
+
+def _bandwidth(key: str, value: float | None) -> float:
+    """A bandwidth a non-trivial group needs: present and positive, else one line naming it."""
+    if value is None or value <= 0:
+        raise ValueError(f"{key} must be a positive bandwidth in bytes/s, got {value!r}")
+    return value
+
+
+def _terms(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
+           B_S: float | None, B_R: float | None, B_F: float | None) -> dict[str, float]:
+    """Seconds per batch of each term; fsdp/hsdp/fl_fsdp are fl_hsdp with F = 1 and/or R = 1 pinned."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    for key, size in (("F", F), ("R", R), ("S", S)):
+        if size < 1:
+            raise ValueError(f"{key} must be >= 1, got {size}")
+    federated, replicated = strategy.startswith("fl_"), strategy.endswith("hsdp")
+    for key, size, allowed in (("F", F, federated), ("R", R, replicated)):
+        if size != 1 and not allowed:
+            raise ValueError(f"{key} must be 1 for {strategy}, got {size}")
+    # F = 1 is accepted for the FL strategies on purpose (training forbids it): it is the no-federation limit.
+    if federated and (A is None or A < 1):
+        raise ValueError(f"A must be >= 1 for {strategy}, got {A!r}")
+    shard = 3 * (S - 1) / (S * _bandwidth("B_S", B_S)) if S > 1 else 0.0
+    replicate = 2 * (R - 1) / (R * _bandwidth("B_R", B_R)) if R > 1 else 0.0
+    federation = 0.0
+    if F > 1:
+        broadcast = 1 / _bandwidth("B_R", B_R) if R > 1 else 0.0
+        federation = (2 * (F - 1) / (F * _bandwidth("B_F", B_F)) + broadcast) / A
+    return {"shard": model.bytes * shard, "replicate": model.bytes * replicate,
+            "federation": model.bytes * federation}
+
+
+def comm_time(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
+              B_S: float | None, B_R: float | None, B_F: float | None) -> float:
+    """Predicted communication seconds per optimizer step (the paper's C_FSDP ... C_FL+HSDP)."""
+    return sum(_terms(strategy, F, R, S, A, model, B_S, B_R, B_F).values())
+
+
+def predict(strategy: str, F: int, R: int, S: int, A: int | None, model: Model, bandwidth: dict) -> dict:
+    """comm_time with its split by term, from {"B_S", "B_R", "B_F"} (absent = None), for reports."""
+    terms = _terms(strategy, F, R, S, A, model, *(bandwidth.get(key) for key in ("B_S", "B_R", "B_F")))
+    return {"predicted_comm_s": sum(terms.values()), "terms": terms}

@@ -1,0 +1,199 @@
+"""The cluster as a tree: nodes under leaf switches (or blocks) under higher switches, with per-level bandwidth.
+
+Levels: -1 is inside one node; 0 a leaf switch (or block); 1, 2, ... the switches above.
+`bandwidth[level + 1]` is the slowest link a group whose lowest common ancestor sits at
+`level` crosses, in bytes/s; it comes from the cluster config, since SLURM does not know it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+from .scontrol import Block, Node, Switch
+
+ROOT = "(all)"  # a virtual root above several top-level switches or blocks
+
+
+@dataclass
+class Topology:
+    parent: dict[str, str]                    # node or switch -> its switch
+    level: dict[str, int]                     # switch -> level
+    leaves: dict[str, list[str]]              # leaf switch -> its nodes, in hostlist order
+    nodes: dict[str, Node | None] = field(default_factory=dict)  # node -> scontrol record, when known
+    bandwidth: list[float] = field(default_factory=list)
+
+    @property
+    def top_level(self) -> int:
+        return max(self.level.values())
+
+    def ancestors(self, name: str) -> list[str]:
+        """Switches above a node (or switch), lowest first."""
+        out = []
+        while name in self.parent:
+            name = self.parent[name]
+            out.append(name)
+        return out
+
+    def lca_level(self, hosts) -> int:
+        """Level of the lowest switch above all `hosts` (-1 when they are one node)."""
+        hosts = set(hosts)
+        if len(hosts) == 1:
+            return -1
+        chains = [self.ancestors(h) for h in hosts]
+        for depth in range(min(len(c) for c in chains)):
+            if len({c[depth] for c in chains}) == 1:
+                return self.level[chains[0][depth]]
+        raise ConfigError(f"nodes {sorted(hosts)[:4]} share no switch")
+
+    def link(self, level: int) -> float:
+        return self.bandwidth[level + 1]
+
+    def usable(self) -> list[str]:
+        """Nodes that placement may use, in tree order: known to scontrol as usable, or unknown (flat/local)."""
+        out = []
+        for leaf in self.leaves:
+            out += [n for n in self.leaves[leaf] if self.nodes.get(n) is None or self.nodes[n].usable]
+        return out
+
+    def with_bandwidth(self, bandwidth: list[float], key: str) -> "Topology":
+        """Attach per-level bandwidth; it must cover every level and never grow with level."""
+        needed = self.top_level + 2
+        if not bandwidth or len(bandwidth) < needed:
+            raise ConfigError(f"{key} needs {needed} values (inside a node, then levels 0..{self.top_level}), "
+                              f"got {len(bandwidth or [])}")
+        if any(b <= 0 for b in bandwidth) or any(a < b for a, b in zip(bandwidth, bandwidth[1:])):
+            raise ConfigError(f"{key} must be positive and not increase with level, got {bandwidth}")
+        self.bandwidth = [float(b) for b in bandwidth[:needed]]
+        return self
+
+
+def from_switches(switches: list[Switch], nodes: list[Node] | None = None) -> Topology:
+    """Build and validate the switch tree: one leaf per node, known children, no cycles, levels increasing."""
+    by_name = {s.name: s for s in switches}
+    if len(by_name) != len(switches):
+        raise ConfigError("topology lists a switch twice")
+    parent: dict[str, str] = {}
+    leaves: dict[str, list[str]] = {}
+    for s in switches:
+        for child in s.switches:
+            if child not in by_name:
+                raise ConfigError(f"switch {s.name} names unknown child switch {child}")
+            if child in parent:
+                raise ConfigError(f"switch {child} is under both {parent[child]} and {s.name}")
+            parent[child] = s.name
+        if not s.switches:
+            leaves[s.name] = list(s.nodes)
+            for node in s.nodes:
+                if node in parent:
+                    raise ConfigError(f"node {node} is under two leaf switches: {parent[node]} and {s.name}")
+                parent[node] = s.name
+    level = {s.name: s.level for s in switches}
+    for child, up in parent.items():
+        if child in by_name and level[up] <= level[child]:
+            raise ConfigError(f"switch {up} (level {level[up]}) sits above {child} (level {level[child]}): "
+                              f"levels must increase upwards (or the switches form a cycle)")
+    return _rooted(parent, level, leaves, nodes)
+
+
+def from_blocks(blocks: list[Block], nodes: list[Node] | None = None) -> Topology:
+    """Blocks are leaves (level 0); an aggregated block becomes a level-1 switch over the blocks it covers."""
+    base = [b for b in blocks if not b.aggregated]
+    parent: dict[str, str] = {}
+    leaves = {}
+    for b in base:
+        leaves[b.name] = list(b.nodes)
+        for node in b.nodes:
+            if node in parent:
+                raise ConfigError(f"node {node} is in two blocks: {parent[node]} and {b.name}")
+            parent[node] = b.name
+    level = {b.name: 0 for b in base}
+    for agg in (b for b in blocks if b.aggregated):
+        level[agg.name] = 1
+        covered = set(agg.nodes)
+        for b in base:
+            if set(b.nodes) <= covered and b.name not in parent:
+                parent[b.name] = agg.name
+    return _rooted(parent, level, leaves, nodes)
+
+
+def flat(node_names: list[str]) -> Topology:
+    """One switch over every node: the local executor's virtual nodes."""
+    return _rooted({n: "switch" for n in node_names}, {"switch": 0}, {"switch": list(node_names)}, None)
+
+
+def _rooted(parent, level, leaves, nodes) -> Topology:
+    tops = [s for s in level if s not in parent]
+    if len(tops) > 1:
+        level[ROOT] = max(level.values()) + 1
+        for s in tops:
+            parent[s] = ROOT
+    topo = Topology(parent=parent, level=level, leaves=leaves,
+                    nodes={n.name: n for n in nodes or []})
+    for leaf in leaves:
+        seen = set()
+        name = leaf
+        while name in parent:  # a cycle never reaches a root
+            if name in seen:
+                raise ConfigError(f"switch cycle through {name}")
+            seen.add(name)
+            name = parent[name]
+    return topo
+
+
+def build(topology_text: str, nodes_text: str | None) -> Topology:
+    """Parse `scontrol show topology` (tree or block) and `scontrol show node` output into a Topology."""
+    from .scontrol import parse_nodes, parse_topology
+
+    items = parse_topology(topology_text)
+    nodes = parse_nodes(nodes_text) if nodes_text else None
+    if not items:
+        raise ConfigError("scontrol show topology printed nothing: is TopologyPlugin set on this cluster?")
+    topo = from_blocks(items, nodes) if isinstance(items[0], Block) else from_switches(items, nodes)
+    if nodes is not None and not any(n.name in topo.parent for n in nodes):
+        raise ConfigError("no node of `scontrol show node` appears in the topology")
+    return topo
+
+
+def ideal(n_nodes: int, nodes_per_level: list[int]) -> Topology:
+    """A full tree of `n_nodes` virtual nodes: nodes_per_level[i] nodes under one level-(i-1) switch."""
+    if not nodes_per_level or nodes_per_level[0] != 1 or any(
+            b % a for a, b in zip(nodes_per_level, nodes_per_level[1:])):
+        raise ConfigError(f"cluster.nodes_per_level must start at 1 and each entry divide the next, "
+                          f"got {nodes_per_level}")
+    names = [f"node{i + 1:0{len(str(n_nodes))}d}" for i in range(n_nodes)]
+    parent, level, leaves = {}, {}, {}
+    for lvl, size in enumerate(nodes_per_level[1:]):
+        for start in range(0, n_nodes, size):
+            switch = f"L{lvl}s{start // size}"
+            level[switch] = lvl
+            below = names[start:start + size]
+            if lvl == 0:
+                leaves[switch] = below
+                parent.update({n: switch for n in below})
+            else:
+                step = nodes_per_level[lvl]
+                parent.update({f"L{lvl - 1}s{c // step}": switch for c in range(start, start + len(below), step)})
+    return _rooted(parent, level, leaves, None)
+
+
+def load(cluster) -> tuple[Topology, str]:
+    """The cluster's topology with bandwidth attached, and where it came from.
+
+    local: an ideal tree of virtual nodes. SLURM: the snapshot directory when set, else live
+    scontrol; without either, an ideal tree from cluster.nodes_per_level (said in the note).
+    """
+    from . import scontrol
+
+    if cluster.executor == "slurm" and (cluster.snapshot or _has_scontrol()):
+        source = f"snapshot {cluster.snapshot}" if cluster.snapshot else "scontrol"
+        topo = build(scontrol.topology_text(cluster.snapshot), scontrol.nodes_text(cluster.snapshot))
+    else:
+        source = "ideal tree (cluster.nodes_per_level)" if cluster.executor == "slurm" else "virtual nodes"
+        topo = ideal(cluster.nodes, cluster.nodes_per_level)
+    return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), source
+
+
+def _has_scontrol() -> bool:
+    import shutil
+
+    return shutil.which("scontrol") is not None

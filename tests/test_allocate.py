@@ -1,0 +1,154 @@
+"""Topology model and placement: the captured 22.05 cluster, bad topologies, and properties on random trees."""
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from launcher import allocate, topology
+from launcher.errors import ConfigError
+from launcher.scontrol import Node, Switch
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "slurm-22.05.8"
+BW = [240e9, 25e9, 12.5e9, 6e9]
+
+
+def captured() -> topology.Topology:
+    return topology.build((FIXTURES / "show_topology.txt").read_text(),
+                          (FIXTURES / "show_node_oneliner.txt").read_text()).with_bandwidth(BW, "bw")
+
+
+def test_captured_cluster_avoids_down_and_drained_nodes_and_keeps_groups_low():
+    topo = captured()
+    assert "lrdn0015" not in topo.usable() and "lrdn0016" not in topo.usable()
+    p = allocate.place(3, 4, 4, 4, topo)  # 3 groups of 4 nodes: leaf04 has only 2 usable nodes
+    assert "lrdn0015" not in p.nodes and "lrdn0016" not in p.nodes
+    assert p.group_levels == [0, 0, 0]  # each federation group fills one leaf switch
+    # leaf01 and leaf02 share cell1, leaf03 is in cell2: federation traffic crosses the spine.
+    assert p.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 6e9} and p.hierarchy_ok
+    assert p.hosts[:4] == ["lrdn0001"] * 4 and p.coords[5] == (0, 1, 1)
+    assert p.hostfile().splitlines() == p.hosts
+
+
+def test_no_placement_says_why_and_what_fits():
+    with pytest.raises(allocate.NoPlacement, match="needs 16 nodes .* only 14 are usable; at most 3 federation"):
+        allocate.place(4, 4, 4, 4, captured())
+
+
+def test_assess_flags_a_placement_that_breaks_the_ordering():
+    topo = captured()
+    # Replicas across cells, federation groups inside a leaf: B_R < B_F.
+    hosts = ["lrdn0001", "lrdn0009", "lrdn0002", "lrdn0010"]
+    p = allocate.assess(2, 2, 1, hosts, topo)
+    assert p.bandwidth["B_R"] == 6e9 and p.bandwidth["B_F"] == 25e9 and not p.hierarchy_ok
+
+
+@pytest.mark.parametrize("switches,message", [
+    ([Switch("a", 0, 1, ["n1", "n2"], [], {}), Switch("b", 0, 1, ["n2"], [], {})], "n2 is under two leaf"),
+    ([Switch("a", 0, 1, ["n1"], [], {}), Switch("top", 1, 1, ["n1"], ["a", "ghost"], {})], "unknown child"),
+    ([Switch("a", 1, 1, [], ["b"], {}), Switch("b", 1, 1, [], ["a"], {}), Switch("c", 0, 1, ["n1"], [], {})],
+     "levels must increase upwards"),
+    ([Switch("a", 0, 1, ["n1"], [], {}), Switch("x", 1, 1, [], ["a"], {}), Switch("y", 1, 1, [], ["a"], {})],
+     "a is under both"),
+])
+def test_bad_topologies_are_named(switches, message):
+    with pytest.raises(ConfigError, match=message):
+        topology.from_switches(switches)
+
+
+def test_bandwidth_must_cover_levels_and_not_increase():
+    with pytest.raises(ConfigError, match="bw needs 4 values"):
+        captured().with_bandwidth(BW[:3], "bw")
+    with pytest.raises(ConfigError, match="not increase"):
+        captured().with_bandwidth([1e9, 2e9, 1e9, 1e9], "bw")
+
+
+def test_plan_from_a_snapshot_directory(tmp_path):
+    from launcher.plan import plan
+    from launcher.settings import compose
+
+    snap = tmp_path / "snap"
+    snap.mkdir()
+    shutil.copy(FIXTURES / "show_topology.txt", snap / "topology.txt")
+    shutil.copy(FIXTURES / "show_node_oneliner.txt", snap / "nodes.txt")
+    settings = compose(["sweep=paper_table3", "cluster=leonardo", f"cluster.snapshot={snap}", "cluster.nodes=8",
+                        "cluster.bandwidth_GBps=[240,25,12.5,6]", f"results_dir={tmp_path}"])
+    entries = plan(settings)
+    assert [(e["F"], e["R"], e["S"]) for e in entries] == [(1, 1, 32), (1, 8, 4), (8, 1, 4), (2, 4, 4)]
+    for e in entries:
+        assert len(e["hostfile"]) == e["world_size"] and e["hierarchy_ok"]
+        assert not {"lrdn0015", "lrdn0016"} & set(e["nodes"])
+    fl_hsdp = entries[3]
+    assert fl_hsdp["bandwidth"] == {"B_S": 240e9, "B_R": 25e9, "B_F": 12.5e9}
+    assert 0 < fl_hsdp["predicted_ratio_to_fsdp"] < 1
+
+
+# ---------------------------------------------------------------- properties on random trees
+
+@st.composite
+def trees(draw):
+    """A random 1-3 level switch tree with random node states."""
+    fanout = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3))  # switches per parent, by level
+    leaf_sizes = draw(st.lists(st.integers(1, 5), min_size=1, max_size=40))
+    switches, nodes, n = [], [], 0
+    level_names = []
+    for i, size in enumerate(leaf_sizes):
+        names = [f"n{n + j:03d}" for j in range(size)]
+        n += size
+        switches.append(Switch(f"leaf{i}", 0, 1, names, [], {}))
+        level_names.append(f"leaf{i}")
+        for name in names:
+            state = draw(st.sampled_from(["IDLE", "IDLE", "IDLE", "MIXED", "ALLOCATED", "DOWN", "IDLE+DRAIN"]))
+            base, _, flag = state.partition("+")
+            nodes.append(Node(name, base, {flag} if flag else set(), 4, ["p"], {}))
+    for level, k in enumerate(fanout, start=1):
+        groups = [level_names[i:i + k + 1] for i in range(0, len(level_names), k + 1)]
+        level_names = []
+        for j, children in enumerate(groups):
+            name = f"s{level}_{j}"
+            switches.append(Switch(name, level, 1, [], children, {}))
+            level_names.append(name)
+    topo = topology.from_switches(switches, nodes)
+    bw = sorted(draw(st.lists(st.floats(1, 1000), min_size=topo.top_level + 2, max_size=topo.top_level + 2)),
+                reverse=True)
+    return topo.with_bandwidth(bw, "bw")
+
+
+def _under(topo, switch):
+    return {n for leaf, names in topo.leaves.items() for n in names if switch == leaf or switch in topo.ancestors(leaf)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(topo=trees(), F=st.integers(1, 6), R=st.integers(1, 3), G=st.sampled_from([1, 2, 4]), S_mult=st.sampled_from([1, 2]))
+def test_placement_properties(topo, F, R, G, S_mult):
+    S = G * S_mult
+    usable = set(topo.usable())
+    try:
+        p = allocate.place(F, R, S, G, topo)
+    except allocate.NoPlacement:
+        k, units = allocate.units(F, R, S, G)
+        assert len(usable) < k * units
+        return
+    world = F * R * S
+    assert len(p.hosts) == world
+    assert set(p.nodes) <= usable and len(set(p.nodes)) == len(p.nodes)
+    assert all(p.hosts.count(n) == G for n in p.nodes)  # every slot of every chosen node, each rank once
+    for f in range(F):  # shard groups on as few nodes as possible (one when S <= G)
+        for r in range(R):
+            ranks = range(f * R * S + r * S, f * R * S + (r + 1) * S)
+            assert len({p.hosts[k] for k in ranks}) == S // G
+    # Each federation group sits under the lowest switch it could use: it could not move, alone, below.
+    k = max(1, R * S // G)
+    free = usable - set(p.nodes)
+    for f, level in enumerate(p.group_levels):
+        group_nodes = set(p.hosts[f * R * S:(f + 1) * R * S])
+        for switch, lvl in topo.level.items():
+            if lvl < level:
+                under = _under(topo, switch)
+                assert len(under & free) + len(under & group_nodes) < k, (f, level, switch)
+    # hierarchy_ok is exactly the ordering of independently recomputed bottlenecks.
+    again = allocate.assess(F, R, S, p.hosts, topo)
+    present = [b for b in again.bandwidth.values() if b is not None]
+    assert p.hierarchy_ok == all(a >= b for a, b in zip(present, present[1:]))
+    assert again.bandwidth == p.bandwidth
+
