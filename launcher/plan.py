@@ -6,8 +6,8 @@ import json
 from train.presets import PRESETS
 from train.spec import write_atomic
 
-from . import planner, topology
-from .costmodel import Model, model_from_preset
+from . import allocate, planner, topology
+from .costmodel import Model, model_from_preset, predict
 from .settings import Settings
 from .store import Store
 from .submit import attempt_folder, resources, sbatch_text
@@ -22,11 +22,25 @@ def comm_model(run: Run) -> Model:
     return model_from_preset({**PRESETS.get(shapes.pop("preset", None), {}), **shapes}, run.spec.train.precision)
 
 
+def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str]:
+    """Place every run on the cluster's topology (saved as topology.json for jobs and reports)."""
+    topo, source = topology.load(settings.cluster)
+    usable = topo.usable()
+    for run in runs:
+        s = run.spec
+        run.placement = allocate.place(s.F, s.R, s.S, settings.cluster.gpus_per_node, topo, usable)
+        if settings.cluster.executor == "slurm" and not source.startswith("ideal"):
+            run.leaves = len({topo.parent[n] for n in run.placement.nodes})
+    write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
+    return topo, source
+
+
 def entry(settings: Settings, run: Run, topo: topology.Topology, fsdp_s: dict) -> dict:
     spec, cluster = run.spec, settings.cluster
     G = cluster.gpus_per_node
     model = comm_model(run)
-    placement, predicted = planner.price(spec.strategy, spec.F, spec.R, spec.S, spec.A, G, model, topo)
+    placement = run.placement
+    predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
     if run.nodes not in fsdp_s:
         fsdp_s[run.nodes] = planner.price("fsdp", 1, 1, run.nodes * G, None, G, model, topo)[1]
     attempt = Store(settings.sweep_dir).entries.get(run.run_id, {}).get("attempts", 0) + 1
@@ -50,7 +64,7 @@ def _gbps(b) -> str:
 
 def plan(settings: Settings) -> list[dict]:
     runs = expand(settings)
-    topo, source = topology.load(settings.cluster)
+    topo, source = place_runs(settings, runs)
     fsdp_s: dict = {}
     entries = [entry(settings, run, topo, fsdp_s) for run in runs]
     widest = max(runs, key=lambda r: r.nodes)

@@ -22,7 +22,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from train.spec import write_atomic  # noqa: E402
 
+from . import topology  # noqa: E402
 from .paper import NAMES, TABLES, reproduces_paper  # noqa: E402
+from .verify import placement_rows  # noqa: E402
 
 PHASES = ("forward", "backward", "optimizer", "aggregation")  # as in train.metrics, without importing torch
 SPREAD = ("train_time_s", "tokens_per_s", "eval_ppl")  # fields whose spread over repeats is reported
@@ -278,11 +280,16 @@ def plots(sweep_dir: Path, results: list[dict]) -> list[Path]:
 
 
 def write_report(sweep_dir: Path, results: list[dict]) -> str:
-    """Write table3/table4 as .md/.csv/.tex and the plots into sweep_dir; return both tables' markdown."""
+    """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown."""
     if not results:
         raise ValueError(f"no results under {sweep_dir}")
     sweep_dir = Path(sweep_dir)
     tables = {"table3": table3(results), "table4": table4(results)}
+    topo_path = sweep_dir / "topology.json"
+    if topo_path.exists():  # saved at submission: check where the ranks really ran
+        columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
+        tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
+                                    columns, rows, ["text", "fixed", "fixed", "fixed", "text"])
     for name, table in tables.items():
         for ext, text in (("md", table.to_markdown()), ("csv", table.to_csv()), ("tex", table.to_latex())):
             write_atomic(sweep_dir / f"{name}.{ext}", text)

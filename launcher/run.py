@@ -5,6 +5,7 @@ import json
 import time
 
 from . import report, wandb_log
+from .plan import place_runs
 from .settings import Settings
 from .store import Store
 from .submit import attempt_folder, check_environment, job_done, submit
@@ -46,7 +47,8 @@ class Sweeper:
         run_dir = self.settings.sweep_dir / run.run_id
         spec_path = run_dir / "spec.json"
         run.spec.save(spec_path)
-        job = submit(self.cluster, run, spec_path, attempt_folder(run_dir, attempt))
+        job = submit(self.cluster, run, spec_path, attempt_folder(run_dir, attempt),
+                     self.settings.sweep_dir / "topology.json")
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt)
         self.running[run.run_id] = (run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
@@ -113,6 +115,7 @@ def run_sweep(settings: Settings) -> int:
     runs = expand(settings)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
+    place_runs(settings, runs)
     sweeper = Sweeper(settings)
     try:
         sweeper.run(runs)

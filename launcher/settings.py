@@ -35,6 +35,8 @@ class Cluster:
     snapshot: str | None = None
     bandwidth_GBps: list = field(default_factory=list)
     nodes_per_level: list = field(default_factory=list)
+    placement: str = "in_job"
+    switches_wait_min: int = 5
 
     @property
     def bandwidth(self) -> list[float]:
@@ -47,6 +49,8 @@ class Cluster:
         for key in ("nodes", "gpus_per_node", "time_min"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.placement not in ("in_job", "pinned"):
+            raise ConfigError(f"cluster.placement must be in_job or pinned, got {self.placement!r}")
         if self.executor == "slurm" and not self.partition:
             raise ConfigError(f"cluster {self.name!r} has no partition: set cluster.partition=NAME "
                               f"(see `sinfo -s` for the partitions you can use)")

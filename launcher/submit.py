@@ -8,6 +8,7 @@ killed outside Python, so we fall back to squeue / scontrol (with a timeout).
 """
 from __future__ import annotations
 
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -15,9 +16,12 @@ from pathlib import Path
 import submitit
 
 from train.__main__ import TrainJob
+from train.spec import write_atomic
 
 from . import scontrol
 from .errors import SubmitError
+from .hostlist import compress
+from .injob import PlacedTrainJob
 from .settings import Cluster
 from .sweep import Run
 
@@ -27,17 +31,32 @@ def attempt_folder(run_dir: Path, attempt: int) -> Path:
     return run_dir / "submitit" / f"attempt{attempt}"
 
 
+def hostfile_path(run: Run) -> Path:
+    return Path(run.spec.out_dir) / "hostfile"
+
+
 def slurm_parameters(cluster: Cluster, run: Run) -> dict:
-    """submitit SlurmExecutor parameters (names as sbatch's, underscores for dashes)."""
+    """submitit SlurmExecutor parameters (names as sbatch's, underscores for dashes).
+
+    pinned: the planned nodes (--nodelist) and, since an ordered nodelist does not order ranks,
+    a hostfile with `srun --distribution=arbitrary`. in_job: only --nodes (and --switches when the
+    real topology is known); ranks are ordered at job start by PlacedTrainJob.
+    """
     params = {"job_name": run.run_id, "nodes": run.nodes, "ntasks_per_node": cluster.gpus_per_node,
               "time": cluster.time_min, "partition": cluster.partition, "setup": list(cluster.setup)}
+    extra = dict(cluster.sbatch_extra)
+    if cluster.placement == "pinned" and run.placement is not None:
+        params["nodelist"] = compress(run.placement.nodes)
+        params["srun_args"] = ["--distribution=arbitrary"]
+        params["setup"].append(f"export SLURM_HOSTFILE={shlex.quote(str(hostfile_path(run)))}")
+    elif run.leaves:
+        extra.setdefault("switches", f"{run.leaves}@{cluster.switches_wait_min:02d}:00")
     if cluster.device == "cuda":
         params["gpus_per_node"] = cluster.gpus_per_node
     for key in ("account", "qos"):
         if getattr(cluster, key):
             params[key] = getattr(cluster, key)
     known = submitit.SlurmExecutor._valid_parameters()
-    extra = dict(cluster.sbatch_extra)
     params.update({k: extra.pop(k) for k in list(extra) if k in known})
     if extra:
         params["additional_parameters"] = extra
@@ -77,8 +96,15 @@ def make_executor(cluster: Cluster, run: Run, folder: Path):
     return executor
 
 
-def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path):
-    return make_executor(cluster, run, folder).submit(TrainJob(str(spec_path)))
+def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path, topology_path: Path):
+    """Submit one run; a pinned run's hostfile is written (atomically) before its job exists."""
+    job = TrainJob(str(spec_path))
+    if cluster.executor == "slurm":
+        if cluster.placement == "pinned":
+            write_atomic(hostfile_path(run), run.placement.hostfile())
+        else:
+            job = PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
+    return make_executor(cluster, run, folder).submit(job)
 
 
 def job_done(job, executor_kind: str) -> tuple[bool, str]:

@@ -22,6 +22,8 @@ class Run:
     spec: RunSpec
     nodes: int
     note: str = ""
+    placement: object = None      # allocate.Placement, once planned on the cluster's topology
+    leaves: int | None = None     # leaf switches the placement spans, when the topology is the real one
 
     @property
     def run_id(self) -> str:

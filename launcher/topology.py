@@ -197,3 +197,12 @@ def _has_scontrol() -> bool:
     import shutil
 
     return shutil.which("scontrol") is not None
+
+
+def to_json(topo: Topology) -> dict:
+    """What a job or a report needs to re-derive placements: the tree and its bandwidth (node states are not kept)."""
+    return {"parent": topo.parent, "level": topo.level, "leaves": topo.leaves, "bandwidth": topo.bandwidth}
+
+
+def from_json(raw: dict) -> Topology:
+    return Topology(parent=raw["parent"], level=raw["level"], leaves=raw["leaves"], bandwidth=raw["bandwidth"])

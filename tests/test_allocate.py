@@ -152,3 +152,21 @@ def test_placement_properties(topo, F, R, G, S_mult):
     assert p.hierarchy_ok == all(a >= b for a, b in zip(present, present[1:]))
     assert again.bandwidth == p.bandwidth
 
+
+
+def test_report_verifies_where_ranks_really_ran():
+    from launcher.verify import placement_rows
+
+    topo = captured()
+
+    def result(run_id, nodes):
+        return {"run_id": run_id, "F": 2, "R": 2, "S": 1, "world_size": 4,
+                "ranks": [{"rank": k, "host": "h", "node": n} for k, n in enumerate(nodes)]}
+
+    good = result("good", ["lrdn0001", "lrdn0002", "lrdn0009", "lrdn0010"])   # replicas in a leaf, groups apart
+    broken = result("broken", ["lrdn0001", "lrdn0009", "lrdn0002", "lrdn0010"])  # replicas across cells
+    elsewhere = result("elsewhere", ["laptop"] * 4)
+    _, rows = placement_rows([good, broken, elsewhere], topo)
+    assert rows == [["broken", None, 6.0, 25.0, "BROKEN"],
+                    ["elsewhere", None, None, None, "unknown (ran on laptop, not in the topology)"],
+                    ["good", None, 25.0, 6.0, "ok"]]

@@ -37,10 +37,15 @@ def test_leonardo_paper_table3_plan_is_the_papers_four_runs(tmp_path):
     assert got == [("fsdp", 1, 1, 512, None), ("hsdp", 1, 128, 4, None), ("fl_fsdp", 128, 1, 4, 8),
                    ("fl_hsdp", 16, 8, 4, 8)]
     for r in plan["runs"]:
-        assert r["model"] == {"preset": "llama3_8b"} and r["nodes"] == 128
+        assert r["model"] == {"preset": "llama3_8b"} and len(r["nodes"]) == 128 and r["model_params"] == 8_030_261_248
+        assert len(r["hostfile"]) == 512 and len(r["coords"]) == 512 and r["hierarchy_ok"]
+        assert set(r["bandwidth"]) == {"B_S", "B_R", "B_F"} and r["predicted_comm_s"] > 0
         assert r["train"] == {"steps": 100, "seq_len": 2048, "batch_per_rank": 2, "lr": 3e-4, "precision": "paper"}
         assert r["resources"]["ntasks_per_node"] == 4 and r["resources"]["gpus_per_node"] == 4
     assert "fl_hsdp-F16-R8-S4-A8" in proc.stdout
+    ratios = {r["strategy"]: r["predicted_ratio_to_fsdp"] for r in plan["runs"]}
+    assert ratios["fsdp"] == 1 and ratios["fl_fsdp"] < ratios["fl_hsdp"] < ratios["hsdp"] < 1
+    assert plan["ranking"][0]["predicted_comm_s"] <= plan["ranking"][-1]["predicted_comm_s"]
 
 
 def test_sbatch_text_matches_golden_file(tmp_path):

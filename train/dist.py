@@ -37,7 +37,18 @@ class DistEnv:
 
 
 def detect(environ=os.environ) -> DistEnv:
-    """Read rank/world/local rank from whichever launcher started us (torchrun wins over SLURM)."""
+    """Read rank/world/local rank from whichever launcher started us (torchrun wins over SLURM).
+
+    FEDSHARD_RANK, when set, replaces the launcher's rank: the launcher's in-job placement sets it
+    after reading the allocation, so mesh coordinates follow the topology rather than srun's order.
+    """
+    env = _launcher_env(environ)
+    if "FEDSHARD_RANK" in environ:
+        env.rank = int(environ["FEDSHARD_RANK"])
+    return env
+
+
+def _launcher_env(environ) -> DistEnv:
     if "RANK" in environ and "WORLD_SIZE" in environ:
         return DistEnv(int(environ["RANK"]), int(environ["WORLD_SIZE"]),
                        int(environ.get("LOCAL_RANK", 0)), "torchrun", "torchrun",

@@ -125,7 +125,9 @@ class Trainer:
 
     def run(self, backend: str) -> dict:
         ranks = [None] * self.world
-        dist.all_gather_object(ranks, {"rank": self.rank, "host": socket.gethostname(),
+        host = socket.gethostname()
+        dist.all_gather_object(ranks, {"rank": self.rank, "host": host,
+                                       "node": os.environ.get("SLURMD_NODENAME", host),
                                        "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")})
         train_time = self.train()
         eval_ppl, eval_time = self.evaluate()

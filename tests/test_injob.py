@@ -1,0 +1,42 @@
+"""In-job placement: ranks are reordered by topology at job start, and the rendezvous follows rank 0."""
+import json
+import subprocess
+import sys
+
+from launcher import topology
+from launcher.scontrol import Switch
+from launcher.settings import compose
+from launcher.submit import slurm_parameters
+from launcher.plan import place_runs
+from launcher.sweep import expand
+from tests.test_entrypoint import _env, _spec
+
+
+def test_ranks_follow_the_topology_not_srun_order(tmp_path):
+    # Tree order puts n2 (leaf a) before n1 (leaf b); srun's order is the nodelist's: n1, n2.
+    topo = topology.from_switches([Switch("a", 0, 1, ["n2"], [], {}), Switch("b", 0, 1, ["n1"], [], {}),
+                                   Switch("top", 1, 1, ["n1", "n2"], ["a", "b"], {})])
+    topo_path = tmp_path / "topology.json"
+    topo_path.write_text(json.dumps(topology.to_json(topo.with_bandwidth([3.0, 2.0, 1.0], "bw"))))
+    spec = _spec(tmp_path)  # fl_fsdp F=2 R=1 S=1
+    code = f"from launcher.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)()"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_env(SLURM_PROCID=str(p), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="77",
+                                       SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME=f"n{p + 1}"))
+             for p in (0, 1)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert {r["rank"]: r["node"] for r in result["ranks"]} == {0: "n2", 1: "n1"}
+    assert "step 7/7" in outs[1][0]  # logical rank 0 (SLURM_PROCID 1) prints progress
+
+
+def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
+    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=pinned",
+                        f"results_dir={tmp_path}"])
+    runs = expand(settings)
+    place_runs(settings, runs)
+    params = slurm_parameters(settings.cluster, runs[3])
+    assert params["nodelist"] == "node[001-128]" and params["srun_args"] == ["--distribution=arbitrary"]
+    assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/paper_table3/fl_hsdp-F16-R8-S4-A8/hostfile"
+    assert runs[3].placement.hostfile().splitlines()[:5] == ["node001"] * 4 + ["node002"]
