@@ -8,9 +8,10 @@ from train.spec import write_atomic
 
 from . import allocate, planner, topology
 from .costmodel import Model, model_from_preset, predict
+from .errors import ConfigError
 from .settings import Settings
 from .store import Store
-from .submit import attempt_folder, resources, sbatch_text
+from .submit import attempt_folder, require_netns, resources, sbatch_text
 from .sweep import Run, expand
 
 GB = 1e9
@@ -24,12 +25,17 @@ def comm_model(run: Run) -> Model:
 
 def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str]:
     """Place every run on the cluster's topology (saved as topology.json for jobs and reports)."""
+    require_netns(settings.cluster)
     topo, source = topology.load(settings.cluster)
+    real = not source.startswith(("ideal", "virtual"))
+    if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
+        raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
+                          "(slurm/capture.sh) or run where scontrol works")
     usable = topo.usable()
     for run in runs:
         s = run.spec
         run.placement = allocate.place(s.F, s.R, s.S, settings.cluster.gpus_per_node, topo, usable)
-        if settings.cluster.executor == "slurm" and not source.startswith("ideal"):
+        if settings.cluster.executor == "slurm" and real:
             run.leaves = len({topo.parent[n] for n in run.placement.nodes})
     write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     return topo, source

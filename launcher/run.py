@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 from . import report, wandb_log
@@ -89,7 +90,7 @@ class Sweeper:
         self.running.clear()
 
     def run(self, runs: list[Run]) -> None:
-        """Local runs go one at a time (they share this machine); SLURM runs are submitted together."""
+        """Local (or `sequential`) runs go one at a time, as they share hardware; others are submitted together."""
         todo = [r for r in runs if not self.store.finished(r.run_id)]
         for r in runs:
             if r not in todo:
@@ -101,7 +102,7 @@ class Sweeper:
                     break
                 print(f"retrying {len(todo)} failed run(s)", flush=True)
             self.settled = 0
-            if self.cluster.executor == "local":
+            if self.cluster.executor == "local" or self.cluster.sequential:
                 for r in todo:
                     self.launch(r)
                     self.wait(len(todo))
@@ -112,6 +113,9 @@ class Sweeper:
 
 
 def run_sweep(settings: Settings) -> int:
+    if settings.cluster.executor == "slurm":
+        # Without accounting submitit warns on every poll; job_done() falls back to squeue/scontrol.
+        logging.getLogger("submitit").setLevel(logging.ERROR)
     runs = expand(settings)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)

@@ -37,6 +37,9 @@ class Cluster:
     nodes_per_level: list = field(default_factory=list)
     placement: str = "in_job"
     switches_wait_min: int = 5
+    sequential: bool = False      # submit one run at a time (always so for the local executor)
+    netns: str | None = None      # clients must run inside this network namespace (the testbed)
+    network: dict | None = None   # the testbed's network description (slurm/testbed/testbed.py)
 
     @property
     def bandwidth(self) -> list[float]:

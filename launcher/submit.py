@@ -8,6 +8,7 @@ killed outside Python, so we fall back to squeue / scontrol (with a timeout).
 """
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import sys
@@ -77,8 +78,19 @@ def resources(cluster: Cluster, run: Run) -> dict:
     return {"executor": "slurm", **slurm_parameters(cluster, run)}
 
 
+def require_netns(cluster: Cluster) -> None:
+    """Clusters reachable only from a network namespace (the testbed) refuse clients started elsewhere."""
+    if not cluster.netns:
+        return
+    target = Path("/run/netns") / cluster.netns
+    if not target.exists() or os.stat("/proc/self/ns/net").st_ino != os.stat(target).st_ino:
+        raise SubmitError(f"cluster {cluster.name!r} must be used from network namespace {cluster.netns}: "
+                          f"run `slurm/testbed/lab python -m launcher ...` (is the testbed up?)")
+
+
 def check_environment(cluster: Cluster) -> None:
     """Refuse before submitting anything when the scheduler's client is missing."""
+    require_netns(cluster)
     if cluster.executor == "slurm":
         for tool in ("sbatch", "srun"):
             if shutil.which(tool) is None:
@@ -99,11 +111,10 @@ def make_executor(cluster: Cluster, run: Run, folder: Path):
 def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path, topology_path: Path):
     """Submit one run; a pinned run's hostfile is written (atomically) before its job exists."""
     job = TrainJob(str(spec_path))
-    if cluster.executor == "slurm":
-        if cluster.placement == "pinned":
-            write_atomic(hostfile_path(run), run.placement.hostfile())
-        else:
-            job = PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
+    if cluster.executor == "slurm" and cluster.placement == "pinned":
+        write_atomic(hostfile_path(run), run.placement.hostfile())
+    elif cluster.executor == "slurm" and run.leaves:  # the real topology is known: order ranks at job start
+        job = PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
     return make_executor(cluster, run, folder).submit(job)
 
 

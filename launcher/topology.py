@@ -146,8 +146,12 @@ def build(topology_text: str, nodes_text: str | None) -> Topology:
 
     items = parse_topology(topology_text)
     nodes = parse_nodes(nodes_text) if nodes_text else None
-    if not items:
-        raise ConfigError("scontrol show topology printed nothing: is TopologyPlugin set on this cluster?")
+    if not items:  # no TopologyPlugin: every node under one switch
+        if not nodes:
+            raise ConfigError("scontrol printed neither a topology nor any node")
+        topo = flat([n.name for n in nodes])
+        topo.nodes = {n.name: n for n in nodes}
+        return topo
     topo = from_blocks(items, nodes) if isinstance(items[0], Block) else from_switches(items, nodes)
     if nodes is not None and not any(n.name in topo.parent for n in nodes):
         raise ConfigError("no node of `scontrol show node` appears in the topology")

@@ -1,5 +1,6 @@
 """In-job placement: ranks are reordered by topology at job start, and the rendezvous follows rank 0."""
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ from launcher.settings import compose
 from launcher.submit import slurm_parameters
 from launcher.plan import place_runs
 from launcher.sweep import expand
+from tests.test_allocate import FIXTURES
 from tests.test_entrypoint import _env, _spec
 
 
@@ -32,11 +34,27 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
 
 
 def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
-    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=pinned",
+    shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
+    shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
+    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=pinned", "cluster.nodes=8",
+                        f"cluster.snapshot={tmp_path}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
                         f"results_dir={tmp_path}"])
     runs = expand(settings)
     place_runs(settings, runs)
     params = slurm_parameters(settings.cluster, runs[3])
-    assert params["nodelist"] == "node[001-128]" and params["srun_args"] == ["--distribution=arbitrary"]
-    assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/paper_table3/fl_hsdp-F16-R8-S4-A8/hostfile"
-    assert runs[3].placement.hostfile().splitlines()[:5] == ["node001"] * 4 + ["node002"]
+    # fl_hsdp (2,4,4) on 8 of the 14 usable nodes: one leaf per federation group.
+    assert params["nodelist"] == "lrdn[0001-0008]" and params["srun_args"] == ["--distribution=arbitrary"]
+    assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/paper_table3/fl_hsdp-F2-R4-S4-A8/hostfile"
+    assert runs[3].placement.hostfile().splitlines()[:5] == ["lrdn0001"] * 4 + ["lrdn0002"]
+    assert "switches" not in params.get("additional_parameters", {})  # pinned nodes need no --switches
+
+
+def test_in_job_mode_asks_for_the_leaves_the_plan_spans(tmp_path):
+    shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
+    shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
+    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.nodes=8", f"cluster.snapshot={tmp_path}",
+                        "cluster.bandwidth_GBps=[240,25,12.5,6]", f"results_dir={tmp_path}"])
+    runs = expand(settings)
+    place_runs(settings, runs)
+    params = slurm_parameters(settings.cluster, runs[3])
+    assert params["additional_parameters"]["switches"] == "2@05:00" and "nodelist" not in params

@@ -20,9 +20,12 @@ def _launcher(*args, env=None, **kw):
                           env=env or _env(), timeout=kw.pop("timeout", 900), **kw)
 
 
+NO_SLURM_PATH = os.path.dirname(sys.executable)  # python only: this "laptop" has no SLURM client
+
+
 def _env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "MASTER_"))}
-    return {**env, **extra}
+    return {**env, "PATH": NO_SLURM_PATH, **extra}
 
 
 def _layouts(overrides):
@@ -94,8 +97,7 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, args, message):
 
 
 def test_slurm_cluster_without_sbatch_submits_nothing(tmp_path):
-    env = _env(PATH=os.path.dirname(sys.executable))  # python only: no sbatch, no srun
-    proc = _launcher("sweep=smoke", "cluster=leonardo", f"results_dir={tmp_path}", env=env)
+    proc = _launcher("sweep=smoke", "cluster=leonardo", f"results_dir={tmp_path}")
     assert proc.returncode == 2 and "`sbatch` is not on PATH" in proc.stderr
     assert not (tmp_path / "smoke" / "manifest.jsonl").exists()
 

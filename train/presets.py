@@ -20,4 +20,8 @@ PRESETS: dict[str, dict] = {
     "small": dict(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
                   intermediate_size=704, max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
                   tie_word_embeddings=False, rope_scaling=llama3_rope(512)),
+    # The testbed: ~2.4 M parameters (9.6 MB fp32), so shaped links dominate the step.
+    "mini": dict(vocab_size=2048, hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=3,
+                 intermediate_size=512, max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
+                 tie_word_embeddings=False, rope_scaling=llama3_rope(512)),
 }
