@@ -68,8 +68,9 @@ def _gbps(b) -> str:
     return "-" if b is None else f"{b / GB:g}"
 
 
-def plan(settings: Settings) -> list[dict]:
-    runs = expand(settings)
+def plan(settings: Settings, runs: list[Run] | None = None, echo: bool = True) -> list[dict]:
+    """Place and price every run; write plan.json (action=plan prints it, action=run keeps it for the report)."""
+    runs = expand(settings) if runs is None else runs
     topo, source = place_runs(settings, runs)
     fsdp_s: dict = {}
     entries = [entry(settings, run, topo, fsdp_s) for run in runs]
@@ -78,6 +79,8 @@ def plan(settings: Settings) -> list[dict]:
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
                                    "topology": source, "runs": entries, "ranking": ranking}, indent=2) + "\n")
+    if not echo:
+        return entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
     print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  vs FSDP")
     for e in entries:

@@ -213,6 +213,9 @@ def table3(results: list[dict]) -> Table:
         ("× faster than FSDP", "ratio", ratio("train_time_s")),
         ("× lower eval PPL than FSDP", "ratio", ratio("eval_ppl")),
     ]
+    if any(r.get("predicted_ratio_to_fsdp") for r in rows):  # from plan.json: the cost model's view
+        columns.append(("× less comm than FSDP (predicted)", "ratio",
+                        lambda r: 1 / r["predicted_ratio_to_fsdp"] if r.get("predicted_ratio_to_fsdp") else None))
     if any(r.get("floor_ppl") is not None for r in rows):
         columns.append(("PPL floor", "fixed", lambda r: r.get("floor_ppl")))
     if any(map(reproduces_paper, rows)):
@@ -284,6 +287,10 @@ def write_report(sweep_dir: Path, results: list[dict]) -> str:
     if not results:
         raise ValueError(f"no results under {sweep_dir}")
     sweep_dir = Path(sweep_dir)
+    plan_path = sweep_dir / "plan.json"
+    if plan_path.exists():  # put the cost model's prediction beside each measurement
+        predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in json.loads(plan_path.read_text())["runs"]}
+        results = [{**r, "predicted_ratio_to_fsdp": predicted.get(r["run_id"])} for r in results]
     tables = {"table3": table3(results), "table4": table4(results)}
     topo_path = sweep_dir / "topology.json"
     if topo_path.exists():  # saved at submission: check where the ranks really ran

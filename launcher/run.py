@@ -5,8 +5,8 @@ import json
 import logging
 import time
 
-from . import report, wandb_log
-from .plan import place_runs
+from . import report, scontrol, wandb_log
+from .plan import plan
 from .settings import Settings
 from .store import Store
 from .submit import attempt_folder, check_environment, job_done, submit
@@ -42,6 +42,7 @@ class Sweeper:
         self.running: dict[str, tuple[Run, object]] = {}
         self.failed: dict[str, str] = {}
         self.settled = 0  # runs that reached a final state in this invocation
+        self.accounting = self.cluster.executor != "slurm" or scontrol.accounting_enabled()
 
     def launch(self, run: Run) -> None:
         attempt = self.store.entries.get(run.run_id, {}).get("attempts", 0) + 1
@@ -58,7 +59,7 @@ class Sweeper:
         last = time.monotonic()
         while self.running:
             for run_id, (run, job) in list(self.running.items()):
-                done, state = job_done(job, self.cluster.executor)
+                done, state = job_done(job, self.cluster.executor, run.spec.world_size, self.accounting)
                 if not done:
                     if state != self.store.state(run_id):
                         self.store.record(run_id, state=state)
@@ -114,12 +115,12 @@ class Sweeper:
 
 def run_sweep(settings: Settings) -> int:
     if settings.cluster.executor == "slurm":
-        # Without accounting submitit warns on every poll; job_done() falls back to squeue/scontrol.
+        # submitit warns whenever sacct has no data (no accounting); job_done() copes without it.
         logging.getLogger("submitit").setLevel(logging.ERROR)
     runs = expand(settings)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
-    place_runs(settings, runs)
+    plan(settings, runs, echo=False)
     sweeper = Sweeper(settings)
     try:
         sweeper.run(runs)

@@ -116,6 +116,15 @@ def job_state(job_id: str, timeout_s: float = 20) -> str | None:
     return fields.get("JobState")
 
 
+def accounting_enabled() -> bool:
+    """Whether sacct can answer: without slurmdbd it only prints 'accounting storage is disabled'."""
+    try:
+        config = run_scontrol(["show", "config"])
+    except ConfigError:
+        return False
+    return not re.search(r"^AccountingStorageType\s*=\s*accounting_storage/none", config, re.M)
+
+
 def parse_key_values(text: str) -> dict:
     """`Key=Value ...` fields of one SLURM record; values may hold spaces (OS=, Reason=) or be empty.
 

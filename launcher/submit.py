@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import submitit
+from submitit.core.utils import JobPaths
 
 from train.__main__ import TrainJob
 from train.spec import write_atomic
@@ -118,14 +119,21 @@ def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path, topology_p
     return make_executor(cluster, run, folder).submit(job)
 
 
-def job_done(job, executor_kind: str) -> tuple[bool, str]:
-    """(done, state). SLURM jobs that sacct cannot see are resolved through squeue/scontrol."""
-    if job.done():
-        return True, job.state
-    if executor_kind == "slurm" and job.state in ("UNKNOWN", "NODE_FAIL"):
-        state = scontrol.job_state(str(job.job_id))
-        if state is None or state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY",
-                                      "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE"):
-            return True, state or "VANISHED"
-        return False, state
-    return False, job.state
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE")
+
+
+def job_done(job, executor_kind: str, tasks: int, accounting: bool = True) -> tuple[bool, str]:
+    """(done, state). Without accounting submitit (which asks only sacct) is bypassed: a job is done when
+    every task left its result pickle, or when squeue/scontrol say it ended (or no longer know it)."""
+    if executor_kind != "slurm" or accounting:
+        if job.done():
+            return True, job.state
+        if executor_kind != "slurm" or job.state not in ("UNKNOWN", "NODE_FAIL"):
+            return False, job.state
+    elif all(JobPaths(job.paths.folder, job.job_id, task).result_pickle.exists() for task in range(tasks)):
+        return True, "COMPLETED"
+    state = scontrol.job_state(str(job.job_id))
+    if state is None or state in FINAL_STATES:
+        return True, state or "VANISHED"
+    return False, state

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,9 +54,11 @@ def namespaces(net: dict) -> list[str]:
 # ---------------------------------------------------------------- configuration files
 
 def write_configs(net: dict) -> None:
+    """A fresh cluster every time: a previous run's controller state or spool would resurrect old jobs."""
     STATE.mkdir(parents=True, exist_ok=True)
     for sub in ("ctld", "log", "spool"):
-        (STATE / sub).mkdir(exist_ok=True)
+        shutil.rmtree(STATE / sub, ignore_errors=True)
+        (STATE / sub).mkdir()
     key = STATE / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
