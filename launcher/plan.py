@@ -23,7 +23,7 @@ def comm_model(run: Run) -> Model:
     return model_from_preset({**PRESETS.get(shapes.pop("preset", None), {}), **shapes}, run.spec.train.precision)
 
 
-def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str]:
+def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str]]:
     """Place every run on the cluster's topology (saved as topology.json for jobs and reports)."""
     require_netns(settings.cluster)
     topo, source = topology.load(settings.cluster)
@@ -31,24 +31,25 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
-    usable = topo.usable()
+    # pinned jobs name their nodes, which must be free now; in-job placement happens on what SLURM gives.
+    usable = topo.usable(now=settings.cluster.placement == "pinned")
     for run in runs:
         s = run.spec
         run.placement = allocate.place(s.F, s.R, s.S, settings.cluster.gpus_per_node, topo, usable)
         if settings.cluster.executor == "slurm" and real:
             run.leaves = len({topo.parent[n] for n in run.placement.nodes})
     write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
-    return topo, source
+    return topo, source, usable
 
 
-def entry(settings: Settings, run: Run, topo: topology.Topology, fsdp_s: dict) -> dict:
+def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[str], fsdp_s: dict) -> dict:
     spec, cluster = run.spec, settings.cluster
     G = cluster.gpus_per_node
     model = comm_model(run)
     placement = run.placement
     predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
     if run.nodes not in fsdp_s:
-        fsdp_s[run.nodes] = planner.price("fsdp", 1, 1, run.nodes * G, None, G, model, topo)[1]
+        fsdp_s[run.nodes] = planner.price("fsdp", 1, 1, run.nodes * G, None, G, model, topo, usable)[1]
     attempt = Store(settings.sweep_dir).entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
     return {
@@ -71,11 +72,11 @@ def _gbps(b) -> str:
 def plan(settings: Settings, runs: list[Run] | None = None, echo: bool = True) -> list[dict]:
     """Place and price every run; write plan.json (action=plan prints it, action=run keeps it for the report)."""
     runs = expand(settings) if runs is None else runs
-    topo, source = place_runs(settings, runs)
+    topo, source, usable = place_runs(settings, runs)
     fsdp_s: dict = {}
-    entries = [entry(settings, run, topo, fsdp_s) for run in runs]
+    entries = [entry(settings, run, topo, usable, fsdp_s) for run in runs]
     widest = max(runs, key=lambda r: r.nodes)
-    ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo)
+    ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable)
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
                                    "topology": source, "runs": entries, "ranking": ranking}, indent=2) + "\n")

@@ -27,9 +27,10 @@ def price(strategy: str, F: int, R: int, S: int, A, G: int, model: Model, topo: 
     return placement, predict(strategy, F, R, S, A, model, placement.bandwidth)["predicted_comm_s"]
 
 
-def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, As=AS) -> list[dict]:
+def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[str] | None = None,
+                 As=AS) -> list[dict]:
     """Cheapest first; ratio_to_fsdp = this layout's time / FSDP's on the same nodes (< 1: less than FSDP)."""
-    usable = topo.usable()
+    usable = topo.usable() if usable is None else usable
     rows = []
     for strategy, F, R, S, A in candidates(nodes, G, As):
         placement, seconds = price(strategy, F, R, S, A, G, model, topo, usable)

@@ -77,6 +77,12 @@ class Node:
         """Ranks may be placed here now: IDLE or MIXED with no flag that keeps work off it."""
         return self.state in ("IDLE", "MIXED") and self.flags <= _HARMLESS_FLAGS
 
+    @property
+    def schedulable(self) -> bool:
+        """A job may get this node once running work ends: busy is fine, drained or down is not."""
+        return self.state in ("IDLE", "MIXED", "ALLOCATED", "ALLOC") and \
+            self.flags <= _HARMLESS_FLAGS | {"COMPLETING"}
+
 
 def run_scontrol(args: list[str], timeout_s: float = 30) -> str:
     """stdout of `scontrol ARGS`; failures become one-line ConfigErrors."""

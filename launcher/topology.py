@@ -48,11 +48,13 @@ class Topology:
     def link(self, level: int) -> float:
         return self.bandwidth[level + 1]
 
-    def usable(self) -> list[str]:
-        """Nodes that placement may use, in tree order: known to scontrol as usable, or unknown (flat/local)."""
+    def usable(self, now: bool = True) -> list[str]:
+        """Nodes placement may use, in tree order: free now (`now`), or merely not drained/down (a job
+        submitted to them waits for running work); nodes scontrol did not describe (flat, ideal) count."""
         out = []
         for leaf in self.leaves:
-            out += [n for n in self.leaves[leaf] if self.nodes.get(n) is None or self.nodes[n].usable]
+            out += [n for n in self.leaves[leaf] if self.nodes.get(n) is None
+                    or (self.nodes[n].usable if now else self.nodes[n].schedulable)]
         return out
 
     def with_bandwidth(self, bandwidth: list[float], key: str) -> "Topology":

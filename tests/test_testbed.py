@@ -86,7 +86,18 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
     assert "Table 3" in proc.stdout
 
 
+def _wait_idle(timeout_s=60):
+    """Pinned nodes must be free: wait for the previous test's jobs to leave the nodes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if set(lab("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"}:
+            return
+        time.sleep(0.5)
+    pytest.fail("testbed nodes did not return to idle")
+
+
 def test_pinned_mode_orders_ranks_with_a_hostfile(testbed, tmp_path):
+    _wait_idle()
     proc = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "cluster.placement=pinned",
                "model=tiny", "poll_s=1", "sweep.strategies=[fl_hsdp]", "sweep.nodes=[4]", "sweep.F=[2]",
                f"results_dir={tmp_path}", timeout=900, cwd=ROOT)
@@ -99,6 +110,7 @@ def test_pinned_mode_orders_ranks_with_a_hostfile(testbed, tmp_path):
 
 
 def test_capture_script_snapshot_plans_like_the_live_cluster(testbed, tmp_path):
+    # Busy nodes (the previous test's job may still be ending) are fine for in-job placement.
     snap = tmp_path / "snap"
     cap = lab(str(ROOT / "slurm" / "capture.sh"), str(snap))
     assert cap.returncode == 0, cap.stderr
