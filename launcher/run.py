@@ -5,6 +5,8 @@ import json
 import logging
 import time
 
+from submitit.core.utils import JobPaths
+
 from . import report, scontrol, wandb_log
 from .plan import plan
 from .settings import Settings
@@ -25,14 +27,18 @@ def _progress(run: Run) -> str:
     return f"step {steps}/{run.spec.train.steps}" if steps else "starting"
 
 
-def _failure_reason(job) -> str:
-    try:
-        exc = job.exception()
-    except Exception as err:  # submitit cannot read the task's outcome (killed, no pickle)
-        exc = err
-    lines = [l for l in str(exc or "").splitlines() if l.strip()]
-    errors = [l for l in lines if "fedshard: error" in l or "Error" in l]
-    return (errors or lines or ["no result.json (see the submitit logs)"])[-1].strip()[:300]
+def _failure_reason(job, tasks: int) -> str:
+    """The last error line the job's tasks wrote (read from their logs: asking submitit would wait on sacct)."""
+    for task in range(tasks):
+        try:
+            text = JobPaths(job.paths.folder, job.job_id, task).stderr.read_text(errors="replace")
+        except OSError:
+            continue
+        lines = [l.strip() for l in text.splitlines() if l.strip()]
+        errors = [l for l in lines if "fedshard: error" in l or "Error" in l or "error:" in l]
+        if errors:
+            return errors[-1][:300]
+    return "no result.json (see the submitit logs)"
 
 
 class Sweeper:
@@ -71,7 +77,7 @@ class Sweeper:
                     wandb_log.log_run(self.settings.wandb, self.settings.sweep.name,
                                       self.settings.sweep_dir / run_id)
                 else:
-                    reason = _failure_reason(job)
+                    reason = _failure_reason(job, run.spec.world_size)
                     self.store.record(run_id, state="FAILED", reason=reason, scheduler_state=state)
                     self.failed[run_id] = reason
                 self.settled += 1

@@ -143,3 +143,13 @@ def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")
     assert again.returncode == 0, again.stderr
     assert "submitted fsdp-F1-R1-S4 as job" in again.stdout and "(attempt 2)" in again.stdout
+
+
+def test_failed_runs_are_retried_then_reported_with_their_error(tmp_path):
+    proc = _launcher(*SMOKE, "data=text", "data.paths=[/nonexistent/corpus.txt]", "data.tokenizer=/nonexistent/tok",
+                     "sweep.strategies=[fsdp]", "retries=1", f"results_dir={tmp_path}")
+    assert proc.returncode == 1, proc.stderr
+    assert "retrying 1 failed run(s)" in proc.stdout and "1 of 1 run(s) failed" in proc.stdout
+    entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
+    assert entry["state"] == "FAILED" and entry["attempts"] == 2
+    assert "tokenizer directory" in entry["reason"] and "/nonexistent/tok" in entry["reason"]

@@ -144,3 +144,36 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+@pytest.fixture
+def testbed_without_accounting():
+    why = _missing()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"testbed prerequisites missing in CI: {why}")
+        pytest.skip(why)
+    up = subprocess.run([*TESTBED, "up", "--no-accounting"], capture_output=True, text=True, timeout=180)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        yield
+    finally:
+        subprocess.run([*TESTBED, "down"], capture_output=True, timeout=120)
+
+
+def test_job_killed_outside_python_without_accounting_does_not_hang(testbed_without_accounting, tmp_path):
+    assert "accounting storage is disabled" in lab("sacct", "-j", "1").stderr.lower()
+    launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny",
+                                 "retries=0", "poll_s=1", "sweep.strategies=[fsdp]", "train.steps=100000",
+                                 f"results_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "RUNNING" not in lab("squeue", "-h", "-o", "%T").stdout:
+        assert time.monotonic() < deadline and launcher.poll() is None, "the job never started"
+        time.sleep(1)
+    assert lab("scancel", "1").returncode == 0
+    out, err = launcher.communicate(timeout=120)  # submitit alone would poll sacct forever
+    assert launcher.returncode == 1, out + err
+    assert "1 of 1 run(s) failed" in out
+    entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
+    assert entry["state"] == "FAILED" and entry["scheduler_state"] in ("CANCELLED", "VANISHED")
