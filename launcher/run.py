@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 
 from submitit.core.utils import JobPaths
 
@@ -18,9 +19,8 @@ PROGRESS_EVERY_S = 30.0
 
 
 def _progress(run: Run) -> str:
-    metrics = run.spec.out_dir and (run.spec.out_dir + "/metrics.jsonl")
     try:
-        with open(metrics) as fh:
+        with open(Path(run.spec.out_dir) / "metrics.jsonl") as fh:
             steps = sum(1 for _ in fh)
     except OSError:
         steps = 0

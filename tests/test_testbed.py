@@ -33,19 +33,24 @@ def _missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def testbed():
+def _running_testbed(*up_args):
+    """Bring a testbed up for the duration (fail in CI, skip elsewhere, when it cannot run here)."""
     why = _missing()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"testbed prerequisites missing in CI: {why}")
         pytest.skip(why)
-    up = subprocess.run([*TESTBED, "up"], capture_output=True, text=True, timeout=180)
+    up = subprocess.run([*TESTBED, "up", *up_args], capture_output=True, text=True, timeout=180)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield
     finally:
         subprocess.run([*TESTBED, "down"], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    yield from _running_testbed()
 
 
 def lab(*args, timeout=60, **kw):
@@ -148,17 +153,7 @@ def _running(pid: int) -> bool:
 
 @pytest.fixture
 def testbed_without_accounting():
-    why = _missing()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"testbed prerequisites missing in CI: {why}")
-        pytest.skip(why)
-    up = subprocess.run([*TESTBED, "up", "--no-accounting"], capture_output=True, text=True, timeout=180)
-    assert up.returncode == 0, up.stdout + up.stderr
-    try:
-        yield
-    finally:
-        subprocess.run([*TESTBED, "down"], capture_output=True, timeout=120)
+    yield from _running_testbed("--no-accounting")
 
 
 def test_job_killed_outside_python_without_accounting_does_not_hang(testbed_without_accounting, tmp_path):
