@@ -22,6 +22,13 @@ class TrainJob:
 
         return run(spec)
 
+    def checkpoint(self, *args, **kwargs):
+        """submitit calls this when the job is preempted or reaches its time limit: requeue the same job,
+        which resumes from the latest checkpoint in the run directory (train.checkpoint_every)."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self)
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] in ("-h", "--help"):

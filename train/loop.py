@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import data, dist as dist_env, mesh as meshes, metrics, model as models, optim, parallelize
+from . import checkpoint, data, dist as dist_env, mesh as meshes, metrics, model as models, optim, parallelize
 from .errors import SpecError
 from .federated import FedAvg
 from .spec import RunSpec, write_atomic
@@ -35,11 +35,19 @@ class Trainer:
         self.fedavg = None
         if spec.federated:
             self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, self.cfg.average_optimizer_state)
-            self.fedavg.check_alignment(contents=True)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
         self.aggregations = 0
+        self.start_step = 0
+        resume_from = checkpoint.latest(out_dir) if out_dir is not None else None
+        if resume_from is not None:
+            meta = checkpoint.load(self, resume_from)
+            self.start_step, self.aggregations = meta["step"], meta["aggregations"]
+            self.log.resume(self.start_step)
+            # Groups legitimately differ now: the guard re-checks layouts (not contents) before the next FedAvg.
+        elif self.fedavg is not None:
+            self.fedavg.check_alignment(contents=True)
 
     def _build_model(self) -> torch.nn.Module:
         dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.strategy)
@@ -86,14 +94,19 @@ class Trainer:
         """All steps; returns wall time. Progress goes to rank 0's stdout every log_every steps."""
         dist.barrier()
         start = self.log.start = time.perf_counter()
-        for i in range(self.cfg.steps):
+        for i in range(self.start_step, self.cfg.steps):
             self.step(i)
-            if (i + 1) % self.cfg.log_every == 0 or i + 1 == self.cfg.steps:
-                rows = self.log.flush()
-                if self.rank == 0:
-                    r = rows[-1]
-                    print(f"[{self.spec.run_id}] step {r['step']}/{self.cfg.steps} loss {r['loss']:.4f} "
-                          f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
+            done = i + 1
+            report = done % self.cfg.log_every == 0 or done == self.cfg.steps
+            save = self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0 and done < self.cfg.steps
+            if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
+                self.log.flush()
+            if report and self.rank == 0:
+                r = self.log.rows[-1]
+                print(f"[{self.spec.run_id}] step {r['step']}/{self.cfg.steps} loss {r['loss']:.4f} "
+                      f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
+            if save:
+                checkpoint.save(self, done)
         if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
             self.fedavg.average()  # evaluate the federation's model, not one group's
             self.aggregations += 1
@@ -137,7 +150,7 @@ class Trainer:
 
     def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend) -> dict:
         spec, cfg = self.spec, self.cfg
-        tokens = cfg.steps * self.world * cfg.batch_per_rank * cfg.seq_len
+        tokens = (cfg.steps - self.start_step) * self.world * cfg.batch_per_rank * cfg.seq_len  # this attempt's
         tokens_per_s = tokens / train_time
         n_params = models.count_params(self.model)
         mfu = None
@@ -154,7 +167,7 @@ class Trainer:
             "floor_ppl": self.source.floor_ppl, "phases": self.log.phase_stats(),
             "aggregations": self.aggregations, "timing": cfg.timing, "precision": cfg.precision,
             "params": n_params, "peak_memory_bytes": peak, "mfu": mfu, "device": self.device, "backend": backend,
-            "data": self.source.describe(), "ranks": ranks,
+            "data": self.source.describe(), "ranks": ranks, "resumed_from_step": self.start_step,
         }
 
 
@@ -172,8 +185,9 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
         dist_env.limit_cpu_threads(env)
     out_dir.mkdir(parents=True, exist_ok=True)
     if env.rank == 0:  # a stale result must not make this attempt look finished
-        for stale in ("result.json", "metrics.jsonl"):
-            (out_dir / stale).unlink(missing_ok=True)
+        (out_dir / "result.json").unlink(missing_ok=True)
+        if checkpoint.latest(out_dir) is None:
+            (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     backend = dist_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
         trainer = Trainer(spec, env.rank, device, config, source, out_dir)

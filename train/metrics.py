@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .spec import write_atomic
+
 PHASES = ("forward", "backward", "optimizer", "aggregation")
 
 
@@ -50,6 +52,14 @@ class StepLog:
         self.pending: list[tuple[int, list[float], torch.Tensor, bool, float, float]] = []
         self.rows: list[dict] = []
         self.start = time.perf_counter()
+
+    def resume(self, steps_done: int) -> None:
+        """Keep the rows of the steps a checkpoint covers (rank 0 also trims its file to them)."""
+        if self.path is None or not self.path.exists():
+            return
+        rows = [json.loads(line) for line in self.path.read_text().splitlines()]
+        self.rows = [r for r in rows if r["step"] <= steps_done]
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
 
     def add(self, step: int, times: list[float], loss: torch.Tensor, aggregated: bool, lr: float) -> None:
         elapsed = time.perf_counter() - self.start

@@ -43,6 +43,8 @@ class TrainConfig:
     eval_batch: int = 8
     init: str = "auto"
     timeout_s: float = 600.0
+    checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
+    keep_checkpoints: int = 2
 
     def validate(self) -> None:
         positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch")
@@ -62,6 +64,10 @@ class TrainConfig:
         for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS)):
             if getattr(self, key) not in allowed:
                 raise SpecError(f"train.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise SpecError(f"train.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
+        if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 1:
+            raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
         if not self.timeout_s > 0:
             raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
 
