@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from . import checkpoint, data, dist as dist_env, mesh as meshes, metrics, model as models, optim, parallelize
 from .errors import SpecError
 from .federated import FedAvg
+from .watchdog import Watchdog
 from .spec import RunSpec, write_atomic
 
 FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init builds on meta and initialises per shard
@@ -22,7 +24,8 @@ FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init build
 class Trainer:
     """One rank's view of a run. `step(i)` is the unit tests drive; `run()` is the whole thing."""
 
-    def __init__(self, spec: RunSpec, rank: int, device: str, config=None, source=None, out_dir: Path | None = None):
+    def __init__(self, spec: RunSpec, rank: int, device: str, config=None, source=None, out_dir: Path | None = None,
+                 watchdog_tag: str | None = None):
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
         self.source = source or data.build_source(spec.data, self.config.vocab_size, self.cfg.seq_len, self.cfg.seed)
@@ -40,6 +43,9 @@ class Trainer:
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
         self.aggregations = 0
         self.start_step = 0
+        self.watchdog = None
+        if watchdog_tag is not None:
+            self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s)
         resume_from = checkpoint.latest(out_dir) if out_dir is not None else None
         if resume_from is not None:
             meta = checkpoint.load(self, resume_from)
@@ -73,15 +79,19 @@ class Trainer:
         """One optimizer step (0-based index) and, when due, FedAvg. Returns the local loss."""
         ids = self.batch(step)
         lr = self.schedule.get_last_lr()[0]
+        self._enter("forward", step)
         self.clock.start()
         loss = self.model(input_ids=ids, labels=ids).loss
         t_fwd = self.clock.lap()
+        self._enter("backward", step)
         loss.backward()
         t_bwd = self.clock.lap()
+        self._enter("optimizer", step)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         t_opt = self.clock.lap()
+        self._enter("aggregation", step)
         aggregated = self.fedavg is not None and self.fedavg.due(step + 1)
         if aggregated:
             self.fedavg.average()
@@ -89,6 +99,10 @@ class Trainer:
         t_agg = self.clock.lap()
         self.log.add(step, [t_fwd, t_bwd, t_opt, t_agg, t_fwd + t_bwd + t_opt + t_agg], loss, aggregated, lr)
         return loss.detach()
+
+    def _enter(self, phase: str, step: int) -> None:
+        if self.watchdog is not None:
+            self.watchdog.enter(phase, step)
 
     def train(self) -> float:
         """All steps; returns wall time. Progress goes to rank 0's stdout every log_every steps."""
@@ -106,6 +120,7 @@ class Trainer:
                 print(f"[{self.spec.run_id}] step {r['step']}/{self.cfg.steps} loss {r['loss']:.4f} "
                       f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
             if save:
+                self._enter("checkpoint", i)
                 checkpoint.save(self, done)
         if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
             self.fedavg.average()  # evaluate the federation's model, not one group's
@@ -118,6 +133,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
         """Perplexity on the held-out set, split over all ranks (every rank runs the same number of forwards)."""
+        self._enter("eval", self.cfg.steps - 1)
         eval_set = self.source.eval_set(self.cfg.seq_len)
         n = eval_set.shape[0]
         mine = eval_set[[(self.rank + j * self.world) % n for j in range(math.ceil(n / self.world))]]
@@ -190,13 +206,15 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     backend = dist_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
-        trainer = Trainer(spec, env.rank, device, config, source, out_dir)
+        trainer = Trainer(spec, env.rank, device, config, source, out_dir, watchdog_tag=env.job_tag)
         result = trainer.run(backend)
+        trainer.watchdog.close()
     except BaseException:
         dist.destroy_process_group()
         raise
     dist_env.shutdown(env, out_dir)
     if env.rank != 0:
         return None
+    shutil.rmtree(trainer.watchdog.dir, ignore_errors=True)
     write_atomic(out_dir / "result.json", json.dumps(result, indent=2) + "\n")
     return result

@@ -43,6 +43,7 @@ class TrainConfig:
     eval_batch: int = 8
     init: str = "auto"
     timeout_s: float = 600.0
+    watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
 
@@ -68,6 +69,8 @@ class TrainConfig:
             raise SpecError(f"train.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 1:
             raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
+        if not self.watchdog_s > 0:
+            raise SpecError(f"train.watchdog_s must be > 0, got {self.watchdog_s}")
         if not self.timeout_s > 0:
             raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
 
