@@ -75,7 +75,7 @@ def _excluded(point: dict, exclude: list) -> bool:
 
 def expand(settings: Settings) -> list[Run]:
     """Every run of the sweep, validated (a bad one stops the whole sweep before submission)."""
-    sweep, cluster = settings.sweep, settings.cluster
+    sweep = settings.sweep
     unknown = [s for s in sweep.strategies if s not in STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategy {unknown[0]!r} in sweep {sweep.name!r}; "

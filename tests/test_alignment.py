@@ -5,7 +5,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
 from tests.distributed import run_ranks
-from train import alignment, mesh as meshes, model as models, parallelize
+from train import alignment, mesh as meshes, model as models
 from train.errors import AlignmentError
 from train.loop import Trainer
 from train.spec import RunSpec

@@ -3,7 +3,6 @@ import hashlib
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tests.distributed import run_ranks
 from tests.reference import Reference
