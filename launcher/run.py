@@ -9,6 +9,7 @@ from pathlib import Path
 from submitit.core.utils import JobPaths
 
 from . import report, scontrol, wandb_log
+from .lock import SweepLock
 from .plan import plan
 from .settings import Settings
 from .store import Store
@@ -126,17 +127,18 @@ def run_sweep(settings: Settings) -> int:
     runs = expand(settings)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
-    plan(settings, runs, echo=False)
-    sweeper = Sweeper(settings)
-    try:
-        sweeper.run(runs)
-    except KeyboardInterrupt:
-        sweeper.cancel_running()
-        raise
-    results = [json.loads((settings.sweep_dir / r.run_id / "result.json").read_text())
-               for r in runs if sweeper.store.finished(r.run_id)]
-    if results:
-        print(report.write_report(settings.sweep_dir, results))
+    with SweepLock(settings.sweep_dir):
+        plan(settings, runs, echo=False)
+        sweeper = Sweeper(settings)
+        try:
+            sweeper.run(runs)
+        except KeyboardInterrupt:
+            sweeper.cancel_running()
+            raise
+        results = [json.loads((settings.sweep_dir / r.run_id / "result.json").read_text())
+                   for r in runs if sweeper.store.finished(r.run_id)]
+        if results:
+            print(report.write_report(settings.sweep_dir, results))
     if sweeper.failed:
         print(f"fedshard: {len(sweeper.failed)} of {len(runs)} run(s) failed: "
               + "; ".join(f"{k}: {v}" for k, v in sweeper.failed.items()))

@@ -52,6 +52,14 @@ class Cluster:
         for key in ("nodes", "gpus_per_node", "time_min"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be a positive integer, got {getattr(self, key)!r}")
+        # Values land on #SBATCH lines of a script: a line break would start a shell command there.
+        values = {"partition": self.partition, "account": self.account, "qos": self.qos,
+                  **{f"setup[{i}]": v for i, v in enumerate(self.setup)},
+                  **{f"sbatch_extra.{k}": v for k, v in self.sbatch_extra.items()}}
+        for key, value in values.items():
+            if isinstance(value, str) and any(c in value for c in "\n\r\0"):
+                raise ConfigError(f"cluster.{key} contains a line break or NUL, which would end up as shell "
+                                  f"text in the sbatch script: {value!r}")
         if self.placement not in ("in_job", "pinned"):
             raise ConfigError(f"cluster.placement must be in_job or pinned, got {self.placement!r}")
         if self.executor == "slurm" and not self.partition:

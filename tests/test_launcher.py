@@ -1,6 +1,7 @@
 """The launcher: layouts as in the paper, plan.json and sbatch text, bad input, and a real local sweep."""
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -153,3 +154,30 @@ def test_failed_runs_are_retried_then_reported_with_their_error(tmp_path):
     entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
     assert entry["state"] == "FAILED" and entry["attempts"] == 2
     assert "tokenizer directory" in entry["reason"] and "/nonexistent/tok" in entry["reason"]
+
+
+def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):
+    first = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, f"results_dir={tmp_path}"], env=_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert first.stdout.readline().startswith("submitted ")  # the first one holds the lock now
+    second = _launcher(*SMOKE, f"results_dir={tmp_path}")
+    assert second.returncode == 2 and "another launcher (pid" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert first.wait(timeout=600) == 0  # and the first one was not disturbed
+
+
+@pytest.mark.parametrize("override", ["cluster.partition='gpu\nrm -rf ~'", "cluster.setup=['module load x\ntouch /tmp/x']",
+                                      "+cluster.sbatch_extra.comment='a\rb'"])
+def test_line_breaks_cannot_reach_the_sbatch_script(tmp_path, override):
+    proc = _launcher("sweep=smoke", "cluster=leonardo", "action=plan", override, f"results_dir={tmp_path}")
+    assert proc.returncode == 2 and "contains a line break" in proc.stderr, proc.stderr
+
+
+def test_shell_metacharacters_stay_inside_their_sbatch_line(tmp_path):
+    value = "x; touch /tmp/pwned $(id) `id` 'q' &&"
+    proc = _launcher("sweep=smoke", "cluster=leonardo", "action=plan", f"cluster.account=\"{value}\"",
+                     f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    script = json.loads((tmp_path / "smoke" / "plan.json").read_text())["runs"][0]["sbatch"]
+    lines = [l for l in script.splitlines() if "touch /tmp/pwned" in l]
+    assert lines == [f"#SBATCH --account={shlex.quote(value)}"]  # quoted, on a line the shell never runs
