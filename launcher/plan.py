@@ -26,8 +26,7 @@ def comm_model(run: Run) -> Model:
 def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str]]:
     """Place every run on the cluster's topology (saved as topology.json for jobs and reports)."""
     require_netns(settings.cluster)
-    topo, source = topology.load(settings.cluster)
-    real = not source.startswith(("ideal", "virtual"))
+    topo, source, real = topology.load(settings.cluster)
     if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
@@ -42,7 +41,8 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     return topo, source, usable
 
 
-def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[str], fsdp_s: dict) -> dict:
+def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[str], fsdp_s: dict,
+          store: Store) -> dict:
     spec, cluster = run.spec, settings.cluster
     G = cluster.gpus_per_node
     model = comm_model(run)
@@ -50,7 +50,7 @@ def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[st
     predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
     if run.nodes not in fsdp_s:
         fsdp_s[run.nodes] = planner.price("fsdp", 1, 1, run.nodes * G, None, G, model, topo, usable)[1]
-    attempt = Store(settings.sweep_dir).entries.get(run.run_id, {}).get("attempts", 0) + 1
+    attempt = store.entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
     return {
         "run_id": run.run_id, "strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A,
@@ -74,7 +74,8 @@ def plan(settings: Settings, runs: list[Run] | None = None, echo: bool = True) -
     runs = expand(settings) if runs is None else runs
     topo, source, usable = place_runs(settings, runs)
     fsdp_s: dict = {}
-    entries = [entry(settings, run, topo, usable, fsdp_s) for run in runs]
+    store = Store(settings.sweep_dir)
+    entries = [entry(settings, run, topo, usable, fsdp_s, store) for run in runs]
     widest = max(runs, key=lambda r: r.nodes)
     ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable)
     path = settings.sweep_dir / "plan.json"

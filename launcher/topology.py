@@ -182,8 +182,8 @@ def ideal(n_nodes: int, nodes_per_level: list[int]) -> Topology:
     return _rooted(parent, level, leaves, None)
 
 
-def load(cluster) -> tuple[Topology, str]:
-    """The cluster's topology with bandwidth attached, and where it came from.
+def load(cluster) -> tuple[Topology, str, bool]:
+    """The cluster's topology with bandwidth attached, where it came from, and whether it is the real one.
 
     local: an ideal tree of virtual nodes. SLURM: the snapshot directory when set, else live
     scontrol; without either, an ideal tree from cluster.nodes_per_level (said in the note).
@@ -192,11 +192,11 @@ def load(cluster) -> tuple[Topology, str]:
 
     if cluster.executor == "slurm" and (cluster.snapshot or _has_scontrol()):
         source = f"snapshot {cluster.snapshot}" if cluster.snapshot else "scontrol"
-        topo = build(scontrol.topology_text(cluster.snapshot), scontrol.nodes_text(cluster.snapshot))
+        topo, real = build(scontrol.topology_text(cluster.snapshot), scontrol.nodes_text(cluster.snapshot)), True
     else:
         source = "ideal tree (cluster.nodes_per_level)" if cluster.executor == "slurm" else "virtual nodes"
-        topo = ideal(cluster.nodes, cluster.nodes_per_level)
-    return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), source
+        topo, real = ideal(cluster.nodes, cluster.nodes_per_level), False
+    return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), source, real
 
 
 def _has_scontrol() -> bool:

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+from .spec import write_atomic
+
 TICK_S = 1.0
 
 
@@ -34,9 +36,7 @@ class Watchdog:
         self._stop.set()
 
     def _beat(self) -> None:
-        tmp = self.dir / f".rank{self.rank}.tmp"
-        tmp.write_text(f"{self.step} {self.phase} {time.time()}\n")
-        os.replace(tmp, self.dir / f"rank{self.rank}")
+        write_atomic(self.dir / f"rank{self.rank}", f"{self.step} {self.phase} {time.time()}\n")
 
     def _watch(self) -> None:
         while not self._stop.wait(TICK_S):
