@@ -75,7 +75,10 @@ def free_port() -> int:
 def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ) -> tuple[str, int]:
     """Address and port of rank 0's host."""
     if "MASTER_ADDR" in environ and "MASTER_PORT" in environ:
-        return environ["MASTER_ADDR"], int(environ["MASTER_PORT"])
+        port = environ["MASTER_PORT"]
+        if not port.isdigit() or not 0 < int(port) < 65536:
+            raise FedshardError(f"MASTER_PORT must be a port number (1-65535), got {port!r}")
+        return environ["MASTER_ADDR"], int(port)
     if env.world_size == 1:
         return "127.0.0.1", free_port()
     path = run_dir / f".rendezvous-{env.job_tag}"
@@ -114,15 +117,44 @@ def init(env: DistEnv, device: str, backend: str, run_dir: Path, timeout_s: floa
     if device == "cuda":
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     addr, port = rendezvous(env, run_dir, timeout_s)
-    dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=env.rank,
-                            world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    where = "MASTER_ADDR/MASTER_PORT" if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ \
+        else str(run_dir / f".rendezvous-{env.job_tag}")
+    if env.rank != 0:  # torch would retry with a C++ backtrace per attempt on stderr; say it in one line instead
+        wait_listening(env, addr, port, where, timeout_s)
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=env.rank,
+                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError: rank 0 gone, or a rank never came
+        reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        raise FedshardError(f"rank {env.rank} of {env.world_size}: rendezvous at tcp://{addr}:{port} (from {where}) "
+                            f"failed within train.timeout_s={timeout_s:g} s: {reason[:300]}") from None
     return backend
+
+
+def wait_listening(env: DistEnv, addr: str, port: int, where: str, timeout_s: float) -> None:
+    """Wait until rank 0's rendezvous port accepts connections, at most timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=max(0.1, min(1.0, deadline - time.monotonic()))).close()
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                raise FedshardError(f"rank {env.rank} of {env.world_size}: nothing answers at the rendezvous "
+                                    f"tcp://{addr}:{port} (rank 0's address, from {where}) after train.timeout_s="
+                                    f"{timeout_s:g} s: {exc.strerror or exc}") from None
+        time.sleep(0.2)
+
+
+def forget_rendezvous(env: DistEnv, run_dir: Path) -> None:
+    """Rank 0 removes its address: a requeued local job keeps its tag and must not find the old one."""
+    if env.rank == 0:
+        (run_dir / f".rendezvous-{env.job_tag}").unlink(missing_ok=True)
 
 
 def shutdown(env: DistEnv, run_dir: Path) -> None:
     if not dist.is_initialized():
         return
     dist.barrier()
-    if env.rank == 0:
-        (run_dir / f".rendezvous-{env.job_tag}").unlink(missing_ok=True)
+    forget_rendezvous(env, run_dir)
     dist.destroy_process_group()

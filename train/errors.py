@@ -15,3 +15,7 @@ class DataError(FedshardError):
 
 class AlignmentError(FedshardError):
     """Federation groups would average parameter slices that do not correspond."""
+
+
+class Stopped(FedshardError):
+    """The scheduler asked the run to stop; a checkpoint was saved and the same command resumes it."""

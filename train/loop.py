@@ -15,6 +15,7 @@ import torch.distributed as dist
 from . import checkpoint, data, dist as dist_env, mesh as meshes, metrics, model as models, optim, parallelize
 from .errors import SpecError
 from .federated import FedAvg
+from .preemption import StopRequest
 from .watchdog import Watchdog
 from .spec import RunSpec, write_atomic
 
@@ -106,13 +107,22 @@ class Trainer:
 
     def train(self) -> float:
         """All steps; returns wall time. Progress goes to rank 0's stdout every log_every steps."""
+        stop = StopRequest(self.device, self.cfg.stop_check_every)
+        try:
+            return self._train(stop)
+        finally:
+            stop.restore()
+
+    def _train(self, stop: StopRequest) -> float:
         dist.barrier()
         start = self.log.start = time.perf_counter()
         for i in range(self.start_step, self.cfg.steps):
             self.step(i)
             done = i + 1
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
-            save = self.cfg.checkpoint_every and done % self.cfg.checkpoint_every == 0 and done < self.cfg.steps
+            stopping = done < self.cfg.steps and stop.agreed(done)
+            save = done < self.cfg.steps and (stopping or self.cfg.checkpoint_every
+                                              and done % self.cfg.checkpoint_every == 0)
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
                 self.log.flush()
             if report and self.rank == 0:
@@ -122,6 +132,10 @@ class Trainer:
             if save:
                 self._enter("checkpoint", i)
                 checkpoint.save(self, done)
+            if stopping:
+                if self.watchdog is not None:
+                    self.watchdog.close()  # waiting for the requeue is not a hang
+                stop.hand_over(self.rank, done)
         if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
             self.fedavg.average()  # evaluate the federation's model, not one group's
             self.aggregations += 1
@@ -209,7 +223,8 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
         trainer = Trainer(spec, env.rank, device, config, source, out_dir, watchdog_tag=env.job_tag)
         result = trainer.run(backend)
         trainer.watchdog.close()
-    except BaseException:
+    except BaseException:  # including submitit's exit after a requeue
+        dist_env.forget_rendezvous(env, out_dir)
         dist.destroy_process_group()
         raise
     dist_env.shutdown(env, out_dir)

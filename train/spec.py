@@ -46,9 +46,10 @@ class TrainConfig:
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
+    stop_check_every: int = 5  # steps between checks for the scheduler's stop signal (then checkpoint, requeue)
 
     def validate(self) -> None:
-        positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch")
+        positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch", "stop_check_every")
         for key in positive:
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise SpecError(f"train.{key} must be a positive integer, got {getattr(self, key)!r}")

@@ -1,0 +1,66 @@
+"""Checkpoint when the scheduler says the job will be stopped, then requeue (submitit) or exit resumable.
+
+SLURM sends submitit's signal (SIGUSR2 by default, `--signal=USR2@90`) to every task before a
+preemption or the time limit, but the tasks receive it at different steps. The handler only
+sets a flag; every `stop_check_every` steps the ranks agree on it with one MAX all_reduce of one
+number, so all of them checkpoint the same step. Rank 0 then hands the signal to submitit's own
+handler, which calls TrainJob.checkpoint and requeues the job (it resumes from this checkpoint);
+the other ranks wait for the requeue to end them (SLURM) or leave it to the local controller. Without submitit the run ends with a one-line
+error saying where it stopped.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from .errors import Stopped
+
+REQUEUE_WAIT_S = 300.0  # on SLURM, ranks other than 0 wait this long for the requeue to end them
+
+
+def stop_signal() -> int:
+    from submitit import JobEnvironment
+
+    return JobEnvironment._usr_sig()  # honours SUBMITIT_PREEMPT_SIGNAL, as submitit's handler does
+
+
+class StopRequest:
+    """Installed by the training loop on the main thread for the duration of training."""
+
+    def __init__(self, device: str, every: int):
+        self.every, self.received = every, False
+        self.signum = stop_signal()
+        self.flag = torch.zeros(1, device=device)
+        self.previous = signal.signal(self.signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = True
+
+    def agreed(self, steps_done: int) -> bool:
+        """True on every rank at once when any rank was signalled (checked every `every` steps)."""
+        if steps_done % self.every:
+            return False
+        self.flag.fill_(float(self.received))
+        dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
+        return bool(self.flag.item())
+
+    def restore(self) -> None:
+        signal.signal(self.signum, self.previous)
+
+    def hand_over(self, rank: int, steps_done: int) -> None:
+        """After the checkpoint: let submitit requeue (rank 0), wait to be ended (others), or stop."""
+        self.restore()
+        name = signal.Signals(self.signum).name
+        if callable(self.previous):  # submitit's checkpoint_and_try_requeue
+            if rank == 0:
+                self.previous(self.signum, None)  # requeues, then exits
+            elif os.environ.get("SUBMITIT_EXECUTOR") == "local":
+                raise SystemExit(0)  # the local controller restarts every task when rank 0 asks for a requeue
+            else:
+                time.sleep(REQUEUE_WAIT_S)  # SLURM ends this task when it requeues the job
+        raise Stopped(f"stopped by {name} after step {steps_done}; a checkpoint of that step was saved: "
+                      f"run the same command again to resume")
