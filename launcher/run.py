@@ -12,8 +12,8 @@ from . import report, scontrol, wandb_log
 from .lock import SweepLock
 from .plan import plan
 from .settings import Settings
-from .store import Store
-from .submit import attempt_folder, check_environment, job_done, submit
+from .store import FINAL, Store
+from .submit import attempt_folder, check_environment, job_done, reattach, submit
 from .sweep import Run, expand
 
 PROGRESS_EVERY_S = 30.0
@@ -62,6 +62,18 @@ class Sweeper:
         self.running[run.run_id] = (run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
 
+    def reattach(self, runs: list[Run]) -> None:
+        """Watch the jobs an earlier launcher submitted but did not see end (it was killed), rather than
+        submit them again: a job still running keeps running; one that ended is settled by wait()."""
+        for run in runs:
+            entry = self.store.entries.get(run.run_id, {})
+            if entry.get("state") in FINAL or not entry.get("job_id"):
+                continue
+            folder = attempt_folder(self.settings.sweep_dir / run.run_id, entry["attempts"])
+            self.running[run.run_id] = (run, reattach(self.cluster, run, folder, entry["job_id"]))
+            print(f"reattached {run.run_id} to job {entry['job_id']} (attempt {entry['attempts']}), "
+                  f"submitted by an earlier launcher", flush=True)
+
     def wait(self, total: int) -> None:
         last = time.monotonic()
         while self.running:
@@ -103,6 +115,10 @@ class Sweeper:
         for r in runs:
             if r not in todo:
                 print(f"skipped {r.run_id}: finished earlier", flush=True)
+        self.reattach(todo)
+        if self.running:
+            self.wait(len(self.running))
+            todo = [r for r in todo if not self.store.finished(r.run_id)]
         for attempt in range(1 + self.settings.retries):
             if attempt:
                 todo = [r for r in todo if r.run_id in self.failed]

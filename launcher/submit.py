@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -117,6 +118,34 @@ def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path, topology_p
     elif cluster.executor == "slurm" and run.leaves:  # the real topology is known: order ranks at job start
         job = PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
     return make_executor(cluster, run, folder).submit(job)
+
+
+class ReattachedLocalJob(submitit.LocalJob):
+    """A local job whose launcher was killed: its controller outlived it, but is no longer our child.
+
+    It runs while /proc/PID is that controller's command line for this folder (a pid reused by
+    another program, or a zombie, has another or an empty command line).
+    """
+
+    def _alive(self) -> bool:
+        try:
+            cmdline = Path(f"/proc/{int(self.job_id)}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            return False
+        return b"submitit.local._local" in cmdline and str(self.paths.folder).encode() in cmdline
+
+    def get_info(self, mode: str = "force") -> dict:
+        return {"jobState": "RUNNING" if self._alive() else "FINISHED"}
+
+    def cancel(self, check: bool = True) -> None:
+        if self._alive():
+            os.kill(int(self.job_id), signal.SIGINT)  # the controller stops its tasks
+
+
+def reattach(cluster: Cluster, run: Run, folder: Path, job_id: str):
+    """The job an earlier launcher submitted for this run, to be watched instead of submitted again."""
+    job_class = ReattachedLocalJob if cluster.executor == "local" else submitit.SlurmJob
+    return job_class(folder=folder, job_id=job_id, tasks=list(range(run.spec.world_size)))
 
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",

@@ -66,3 +66,65 @@ def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypa
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{result['resumed_from_step']:06d}"]
     assert _losses(run_dir) == _losses(tmp_path / "reference")
     assert result["aggregations"] == reference.results()[0]["aggregations"]
+
+
+SWEEP = ["sweep=smoke", "model=tiny", "sweep.strategies=[fl_fsdp]", f"sweep.train.steps={STEPS}",
+         "train.checkpoint_every=10", "sweep.train.log_every=5", "poll_s=0.2"]
+RUN_ID = "fl_fsdp-F2-R1-S2-A2"
+
+
+def _launcher(results: Path, **popen) -> subprocess.Popen:
+    from tests.test_launcher import _env as launcher_env
+
+    return subprocess.Popen([sys.executable, "-m", "launcher", *SWEEP, f"results_dir={results}"], env=launcher_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    return out
+
+
+def _manifest(results: Path) -> dict:
+    return json.loads((results / "smoke" / "manifest.jsonl").read_text())
+
+
+def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
+    """SIGKILL the launcher (and, with whole_session, its job too, as when a login session dies)."""
+    proc = _launcher(results, start_new_session=True)
+    run_dir = results / "smoke" / RUN_ID
+    _wait_for(lambda: (run_dir / "checkpoints" / "step-000020").exists(), "the step-20 checkpoint",
+              alive=lambda: proc.poll() is None)
+    if whole_session:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    proc.wait(timeout=60)
+    assert not (run_dir / "result.json").exists()
+    assert _manifest(results)["state"] in ("SUBMITTED", "RUNNING")  # what a killed launcher leaves behind
+
+
+def test_launcher_killed_rerun_reattaches_or_resumes_with_the_same_losses(tmp_path):
+    out = _finish(_launcher(tmp_path / "reference"))
+    assert "submitted" in out
+    reference = tmp_path / "reference" / "smoke" / RUN_ID
+
+    # The launcher alone dies: its job runs on; the rerun watches that job instead of submitting another.
+    _kill_launcher_mid_run(tmp_path / "orphan", whole_session=False)
+    job_id = _manifest(tmp_path / "orphan")["job_id"]
+    out = _finish(_launcher(tmp_path / "orphan"))
+    assert f"reattached {RUN_ID} to job {job_id} (attempt 1)" in out and f"submitted {RUN_ID}" not in out
+    run_dir = tmp_path / "orphan" / "smoke" / RUN_ID
+    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] == 0
+    assert _manifest(tmp_path / "orphan")["state"] == "COMPLETED"
+    assert _losses(run_dir) == _losses(reference)
+
+    # The launcher and its job die together: the rerun finds the job gone and resumes from its checkpoint.
+    _kill_launcher_mid_run(tmp_path / "session", whole_session=True)
+    out = _finish(_launcher(tmp_path / "session"))
+    assert f"reattached {RUN_ID}" in out and f"submitted {RUN_ID}" in out and "(attempt 2)" in out
+    run_dir = tmp_path / "session" / "smoke" / RUN_ID
+    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] >= 20
+    assert _manifest(tmp_path / "session")["state"] == "COMPLETED"
+    assert _losses(run_dir) == _losses(reference)
