@@ -9,7 +9,7 @@ from train.spec import write_atomic
 from . import allocate, planner, topology
 from .costmodel import Model, model_from_preset, predict
 from .errors import ConfigError
-from .settings import Settings
+from .settings import Settings, redact, secret_name
 from .store import Store
 from .submit import attempt_folder, require_netns, resources, sbatch_text
 from .sweep import Run, expand
@@ -24,7 +24,7 @@ def comm_model(run: Run) -> Model:
 
 
 def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str]]:
-    """Place every run on the cluster's topology (saved as topology.json for jobs and reports)."""
+    """Place every run on the cluster's topology (plan() saves it as topology.json for jobs and reports)."""
     require_netns(settings.cluster)
     topo, source, real = topology.load(settings.cluster)
     if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
@@ -37,7 +37,6 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
         run.placement = allocate.place(s.F, s.R, s.S, settings.cluster.gpus_per_node, topo, usable)
         if settings.cluster.executor == "slurm" and real:
             run.leaves = len({topo.parent[n] for n in run.placement.nodes})
-    write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     return topo, source, usable
 
 
@@ -60,9 +59,25 @@ def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[st
         "coords": [list(c) for c in placement.coords], "bandwidth": placement.bandwidth,
         "group_levels": placement.group_levels, "hierarchy_ok": placement.hierarchy_ok,
         "predicted_comm_s": predicted, "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
-        else None, "resources": resources(cluster, run),
-        "sbatch": sbatch_text(cluster, run, folder) if cluster.executor == "slurm" else None,
+        else None, "resources": _redacted(resources(cluster, run)),
+        "sbatch": "\n".join(map(redact, sbatch_text(cluster, run, folder).split("\n")))
+        if cluster.executor == "slurm" else None,
     }
+
+
+def _redacted(params: dict) -> dict:
+    """Sbatch parameters as shown in plan.json: values of secret-looking names (HF_TOKEN=...) hidden; the job
+    itself still gets them."""
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            value = _redacted(value)
+        elif isinstance(value, list):
+            value = [redact(v) if isinstance(v, str) else v for v in value]
+        elif secret_name(str(key)):
+            value = "***"
+        out[key] = value
+    return out
 
 
 def _gbps(b) -> str:
@@ -72,12 +87,13 @@ def _gbps(b) -> str:
 def plan(settings: Settings, runs: list[Run] | None = None, echo: bool = True) -> list[dict]:
     """Place and price every run; write plan.json (action=plan prints it, action=run keeps it for the report)."""
     runs = expand(settings) if runs is None else runs
+    store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
     topo, source, usable = place_runs(settings, runs)
     fsdp_s: dict = {}
-    store = Store(settings.sweep_dir)
     entries = [entry(settings, run, topo, usable, fsdp_s, store) for run in runs]
     widest = max(runs, key=lambda r: r.nodes)
     ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable)
+    write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
                                    "topology": source, "runs": entries, "ranking": ranking}, indent=2) + "\n")

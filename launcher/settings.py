@@ -6,7 +6,9 @@ mistake becomes one line and exit code 2, and so one invocation is one sweep.
 from __future__ import annotations
 
 import re
-
+import shlex
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -27,14 +29,14 @@ class Cluster:
     time_min: int
     max_ranks: int | None = None
     peak_flops: float | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    setup: list = field(default_factory=list)
+    partition: str | int | None = None
+    account: str | int | None = None
+    qos: str | int | None = None
+    setup: list[str] = field(default_factory=list)  # one command each, its words passed literally (see validate)
     sbatch_extra: dict = field(default_factory=dict)
     snapshot: str | None = None
-    bandwidth_GBps: list = field(default_factory=list)
-    nodes_per_level: list = field(default_factory=list)
+    bandwidth_GBps: list[float] = field(default_factory=list)
+    nodes_per_level: list[int] = field(default_factory=list)
     placement: str = "in_job"
     switches_wait_min: int = 5
     sequential: bool = False      # submit one run at a time (always so for the local executor)
@@ -59,7 +61,15 @@ class Cluster:
         for key, value in values.items():
             if isinstance(value, str) and any(c in value for c in "\n\r\0"):
                 raise ConfigError(f"cluster.{key} contains a line break or NUL, which would end up as shell "
-                                  f"text in the sbatch script: {value!r}")
+                                  f"text in the sbatch script: {redact(repr(value))}")
+        for key, value in self.sbatch_extra.items():
+            if not _OPTION.fullmatch(str(key)):
+                raise ConfigError(f"cluster.sbatch_extra key {key!r} is not an sbatch option name "
+                                  f"(letters, digits, '-' and '_')")
+            if not isinstance(value, (str, int, float, bool)):
+                raise ConfigError(f"cluster.sbatch_extra.{key} must be a single value, got {redact(repr(value))}")
+        commands = [_one_command(line, f"cluster.setup[{i}]") for i, line in enumerate(self.setup)]
+        self.setup = [command for command in commands if command]
         if self.placement not in ("in_job", "pinned"):
             raise ConfigError(f"cluster.placement must be in_job or pinned, got {self.placement!r}")
         if self.executor == "slurm" and not self.partition:
@@ -71,13 +81,13 @@ class Cluster:
 @dataclass
 class Sweep:
     name: str
-    strategies: list
+    strategies: list[str]
     A: list
-    F: list
+    F: list[int]
     nodes: list
     paper_nodes: int | None = None
     repeats: int = 1
-    exclude: list = field(default_factory=list)
+    exclude: list[dict] = field(default_factory=list)
     train: dict = field(default_factory=dict)
 
 
@@ -105,9 +115,79 @@ def _typed(cls, raw: dict, where: str):
     if unknown:
         raise ConfigError(f"unknown {where} key(s): {', '.join(unknown)}")
     try:
-        return cls(**raw)
+        obj = cls(**raw)
     except TypeError as exc:  # a required key is missing
         raise ConfigError(f"{where}: {exc}") from None
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        value = getattr(obj, f.name)
+        if not _is(value, hints[f.name]):
+            raise ConfigError(f"{where}.{f.name} must be {_describe(hints[f.name])}, got {redact(repr(value))}")
+    return obj
+
+
+def _is(value, hint) -> bool:
+    """isinstance for the annotations used here: int, float, str, bool, list[X], dict, X | None."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_is(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if typing.get_origin(hint) is list:
+        return isinstance(value, list) and all(_is(v, typing.get_args(hint)[0]) for v in value)
+    if hint in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if hint is float else hint)
+
+
+def _describe(hint) -> str:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
+    if typing.get_origin(hint) is list:
+        return f"a list of {_describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "a mapping",
+            list: "a list", type(None): "null"}[hint]
+
+
+def _one_command(line: str, key: str) -> str:
+    """A setup entry as one command whose words reach the job literally: `;`, `$( )`, backticks, `&&`,
+    quotes and globs become parts of arguments, never shell syntax (so `~` and `$VAR` are not expanded)."""
+    try:
+        return shlex.join(shlex.split(line))
+    except ValueError as exc:  # an unbalanced quote or a trailing escape
+        raise ConfigError(f"{key} cannot be split into words ({exc}): {redact(repr(line))}") from None
+
+
+def check_name(name, results_dir: Path) -> Path:
+    """The sweep's directory under results_dir: a single, ordinary path component that stays inside it."""
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise ConfigError(f"sweep.name {name!r} must be a plain directory name (no '/', '\\', NUL; "
+                          f"not empty, '.' or '..'): it names <results_dir>/<sweep.name>")
+    sweep_dir = results_dir / name
+    if sweep_dir.resolve().parent != results_dir.resolve():  # e.g. a symlink planted in a shared results_dir
+        raise ConfigError(f"sweep directory {sweep_dir} resolves to {sweep_dir.resolve()}, outside the results "
+                          f"directory {results_dir}")
+    return sweep_dir
+
+
+# Names whose values are never echoed (plan.json, error messages): API keys, tokens, passwords.
+_SECRET = re.compile(r"token|secret|passw|credential|(?:^|[_-])(?:api_?)?key$", re.I)
+_ASSIGNMENT = re.compile(r"(?P<q>['\"])(?P<n>-{0,2}[A-Za-z_][\w.-]*)=[^'\"]*(?P=q)"
+                         r"|(?<![^\s'\"=])(?P<m>-{0,2}[A-Za-z_][\w.-]*)=(?:'[^']*'|\"[^\"]*\"|[^\s'\"])*")
+_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+def secret_name(name: str) -> bool:
+    return bool(_SECRET.search(name.lstrip("-")))
+
+
+def redact(text: str) -> str:
+    """`NAME=value` -> `NAME=***` wherever NAME looks like a secret (HF_TOKEN, WANDB_API_KEY, --password...)."""
+    def hide(m):
+        name = m["n"] or m["m"]
+        if not secret_name(name):
+            return m[0]
+        return f"{m['q']}{name}=***{m['q']}" if m["q"] else f"{name}=***"
+    return _ASSIGNMENT.sub(hide, text)
 
 
 def compose(overrides: list[str]) -> Settings:
@@ -130,11 +210,22 @@ def compose(overrides: list[str]) -> Settings:
         raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}")
     if raw["action"] not in ACTIONS:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")
+    if not isinstance(raw["retries"], int) or isinstance(raw["retries"], bool) or raw["retries"] < 0:
+        raise ConfigError(f"retries must be an integer >= 0, got {raw['retries']!r}")
+    if not _is(raw["poll_s"], float) or not raw["poll_s"] > 0:
+        raise ConfigError(f"poll_s must be a number > 0, got {raw['poll_s']!r}")
+    for key in ("model", "train", "data", "wandb"):
+        if not isinstance(raw[key], dict):
+            raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
+    if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
+        raise ConfigError(f"results_dir must be a directory path, got {raw['results_dir']!r}")
+    results_dir = Path(raw["results_dir"]).resolve()
+    cluster = _typed(Cluster, raw["cluster"], "cluster").validate()
+    sweep = _typed(Sweep, raw["sweep"], "sweep")
+    check_name(sweep.name, results_dir)
     return Settings(
-        action=raw["action"], results_dir=Path(raw["results_dir"]).resolve(), retries=int(raw["retries"]),
-        poll_s=float(raw["poll_s"]), cluster=_typed(Cluster, raw["cluster"], "cluster").validate(),
-        sweep=_typed(Sweep, raw["sweep"], "sweep"), model=raw["model"], train=raw["train"], data=raw["data"],
-        wandb=raw["wandb"])
+        action=raw["action"], results_dir=results_dir, retries=raw["retries"], poll_s=float(raw["poll_s"]),
+        cluster=cluster, sweep=sweep, model=raw["model"], train=raw["train"], data=raw["data"], wandb=raw["wandb"])
 
 
 def _first_line(exc: Exception) -> str:

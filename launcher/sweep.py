@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train.errors import FedshardError
+from train.presets import DATA_KEYS, PRESETS
 from train.spec import STRATEGIES, RunSpec
 
 from .errors import ConfigError
@@ -73,9 +74,23 @@ def _excluded(point: dict, exclude: list) -> bool:
     return any(all(point.get(k) == v for k, v in rule.items()) for rule in exclude)
 
 
+def check_model_and_data(model: dict, data: dict) -> None:
+    """What the jobs would refuse at start, refused here (the model's other keys need transformers to check)."""
+    preset = model.get("preset")
+    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
+        raise ConfigError(f"unknown model preset {preset!r}; expected one of {', '.join(PRESETS)}")
+    kind = data.get("kind")
+    if not isinstance(kind, str) or kind not in DATA_KEYS:
+        raise ConfigError(f"unknown data kind {kind!r} (expected {' or '.join(map(repr, DATA_KEYS))})")
+    unknown = sorted(set(data) - {"kind", *DATA_KEYS[kind]})
+    if unknown:
+        raise ConfigError(f"unknown data keys for kind {kind!r}: {', '.join(map(str, unknown))}")
+
+
 def expand(settings: Settings) -> list[Run]:
     """Every run of the sweep, validated (a bad one stops the whole sweep before submission)."""
     sweep = settings.sweep
+    check_model_and_data(settings.model, settings.data)
     unknown = [s for s in sweep.strategies if s not in STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategy {unknown[0]!r} in sweep {sweep.name!r}; "

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from train.errors import DataError
+from train.presets import DATA_KEYS
 
 _CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
 _TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
@@ -243,12 +244,12 @@ def build_source(data: dict, model_vocab: int, seq_len: int, seed: int) -> Token
     if not isinstance(seed, int) or seed < 0 or not isinstance(seq_len, int) or seq_len < 1:
         raise DataError(f"seed must be an int >= 0 and seq_len an int >= 1, got seed={seed!r} seq_len={seq_len!r}")
     if data["kind"] == "synthetic":
-        _check_keys(data, {"kind", "vocab", "branching", "eval_sequences"})
+        _check_keys(data, {"kind", *DATA_KEYS["synthetic"]})
         vocab = _int(data, "vocab", min(model_vocab, 512), 2, model_vocab)
         return SyntheticSource(vocab, _int(data, "branching", 8, 1, vocab),
                                _int(data, "eval_sequences", 64, 1, 1 << 20), seed)
     if data["kind"] == "text":
-        _check_keys(data, {"kind", "paths", "tokenizer", "eval_fraction", "text_key"})
+        _check_keys(data, {"kind", *DATA_KEYS["text"]})
         paths, tokenizer = data.get("paths"), data.get("tokenizer")
         if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
             raise DataError(f"data.paths must be a non-empty list of paths, got {paths!r}")

@@ -1,0 +1,435 @@
+"""The bad-input table: every row runs the real CLI and must end with one line `fedshard: error: ...`, exit
+status 2, and nothing submitted or written. README.md's "Troubleshooting: bad input" lists the same ids.
+
+A case is (id, command, expected fragment, prepare):
+- command: ("launcher", [overrides]) for `python -m launcher`, or ("train", {spec overrides}) for
+  `python -m train SPEC.json` (a spec built here: fsdp on one rank, the tiny model);
+- prepare(ctx) sets up files, fake SLURM tools and environment in a fresh directory.
+Strings in commands may hold {tmp} (the case's directory) and {port} (a loopback port nothing listens on).
+"""
+import fcntl
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "slurm-22.05.8"
+PYTHON_ONLY = os.path.dirname(sys.executable)  # no SLURM client on this PATH
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+@dataclass
+class Ctx:
+    """What a case's prepare step may set up."""
+    tmp: Path
+    tokenizer: Path
+    env: dict = field(default_factory=dict)
+    tools: dict = field(default_factory=dict)   # fake SLURM commands on PATH: name -> shell body
+    held: list = field(default_factory=list)    # objects to keep alive while the command runs (locks, sockets)
+    port: int = 0                               # a loopback port nothing listens on
+    spec_path: Path | None = None               # train: run this path instead of the spec built from the case
+
+    @property
+    def results(self) -> Path:
+        return self.tmp / "results"
+
+    @property
+    def run(self) -> Path:
+        return self.tmp / "run"
+
+
+# ---------------------------------------------------------------- prepare steps
+
+def snapshot(topology: str | None = None, nodes: str | None = None, nodes_file: bool = True):
+    """A `slurm/capture.sh` directory at {tmp}/snap: the captured 22.05 cluster unless told otherwise."""
+    def prepare(ctx: Ctx):
+        snap = ctx.tmp / "snap"
+        snap.mkdir()
+        (snap / "topology.txt").write_text(_fixture("show_topology.txt") if topology is None else topology)
+        if nodes_file:
+            (snap / "nodes.txt").write_text(_fixture("show_node_oneliner.txt") if nodes is None else nodes)
+    return prepare
+
+
+def states(replace: str):
+    """The captured nodes with every State= replaced."""
+    return re.sub(r"State=\S+", f"State={replace}", _fixture("show_node_oneliner.txt"))
+
+
+def tools(**bodies):
+    def prepare(ctx: Ctx):
+        ctx.tools.update(bodies)
+    return prepare
+
+
+def results_file(name: str, text: str):
+    def prepare(ctx: Ctx):
+        path = ctx.results / "smoke" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return prepare
+
+
+def locked_sweep(ctx: Ctx):
+    """Another launcher holds the sweep directory's lock."""
+    path = ctx.results / "smoke" / ".lock"
+    path.parent.mkdir(parents=True)
+    fh = open(path, "a+")
+    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fh.write("pid 4242")
+    fh.flush()
+    ctx.held.append(fh)
+
+
+def symlinked_sweep(ctx: Ctx):
+    """results/smoke is a link to a directory outside results/."""
+    (ctx.tmp / "elsewhere").mkdir()
+    ctx.results.mkdir()
+    (ctx.results / "smoke").symlink_to(ctx.tmp / "elsewhere")
+
+
+def env(**values):
+    def prepare(ctx: Ctx):
+        ctx.env.update(values)
+    return prepare
+
+
+def spec_file(text: str | None):
+    """The spec path holds `text` (None: it does not exist)."""
+    def prepare(ctx: Ctx):
+        ctx.spec_path = ctx.tmp / "spec.json"
+        if text is not None:
+            ctx.spec_path.write_text(text)
+    return prepare
+
+
+def text_data(name: str, content: str | None = None):
+    """{tmp}/data/NAME (a directory when content is None); the spec names the session's tiny tokenizer."""
+    def prepare(ctx: Ctx):
+        data = ctx.tmp / "data"
+        data.mkdir()
+        if content is None:
+            (data / name).mkdir()
+        else:
+            (data / name).write_text(content)
+    return prepare
+
+
+def broken_tokenizer(ctx: Ctx):
+    tok = ctx.tmp / "tok"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text("{not json")
+    (tok / "tokenizer.json").write_text("garbage")
+
+
+def rendezvous_file(ctx: Ctx):
+    """A rendezvous file left by a rank 0 that is gone: it names a loopback port nothing listens on."""
+    ctx.run.mkdir()
+    (ctx.run / ".rendezvous-slurm-4242-0-0").write_text(f"127.0.0.1 {ctx.port}\n")
+
+
+def both(*steps):
+    def prepare(ctx: Ctx):
+        for step in steps:
+            step(ctx)
+    return prepare
+
+
+# ---------------------------------------------------------------- the table
+
+SNAP = ["cluster=leonardo", "cluster.snapshot={tmp}/snap", "cluster.bandwidth_GBps=[240,25,12.5,6]", "action=plan"]
+TEXT = {"kind": "text", "paths": ["{tmp}/data"], "tokenizer": "{TOKENIZER}"}
+RANK1_OF_2 = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}"}
+SLURM_RANK1_OF_2 = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242"}
+FL2 = {"strategy": "fl_fsdp", "F": 2, "A": 2}
+FAIL_SCONTROL = 'echo "slurm_load_topo error: Unable to contact slurm controller (connect failure)" >&2\nexit 1\n'
+TWO_LEAVES = ("SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]\n"
+              "SwitchName=leaf02 Level=0 LinkSpeed=1 Nodes=lrdn[0004-0008]\n"
+              "SwitchName=spine Level=1 LinkSpeed=1 Nodes=lrdn[0001-0008] Switches=leaf[01-02]\n")
+UNKNOWN_CHILD = ("SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]\n"
+                 "SwitchName=spine Level=1 LinkSpeed=1 Nodes=lrdn[0001-0004] Switches=leaf[01-02]\n")
+CYCLE = ("SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]\n"
+         "SwitchName=cellA Level=1 LinkSpeed=1 Switches=leaf01,cellB\n"
+         "SwitchName=cellB Level=1 LinkSpeed=1 Switches=cellA\n")
+
+
+def launcher(*args):
+    return ("launcher", list(args))
+
+
+def train(**spec):
+    return ("train", spec)
+
+
+CASES = [
+    # ---- configs: groups, keys, values
+    ("unknown-sweep", launcher("sweep=nope"), "Could not find 'sweep/nope' (available sweep: agg_frequency, "
+                                              "paper_table3, paper_table4, smoke", None),
+    ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, slurm", None),
+    ("unknown-model", launcher("model=nope"), "available model: llama3_8b, mini, small, tiny", None),
+    ("unknown-override-key", launcher("train.bogus=1"), "Could not override 'train.bogus': no such key", None),
+    ("unknown-train-key", launcher("+train.bogus=1"), "unknown train key(s): bogus", None),
+    ("unknown-cluster-key", launcher("+cluster.bogus=1"), "unknown cluster key(s): bogus", None),
+    ("unknown-top-level-key", launcher("+bogus=1"), "unknown top-level key(s): bogus", None),
+    ("unknown-action", launcher("action=explode"), "action must be one of run, plan, report", None),
+    ("unknown-strategy", launcher("sweep.strategies=[fsdp,diloco]"), "unknown strategy 'diloco'", None),
+    ("unknown-model-preset", launcher("model.preset=huge"), "unknown model preset 'huge'; expected one of", None),
+    ("unknown-data-kind", launcher("data.kind=csv"), "unknown data kind 'csv'", None),
+    ("unknown-data-key", launcher("+data.shuffle=1"), "unknown data keys for kind 'synthetic': shuffle", None),
+    ("wrong-type", launcher("cluster.max_ranks=many"), "cluster.max_ranks must be an integer or null, got 'many'",
+     None),
+    ("not-a-list", launcher("sweep.strategies=fsdp"), "sweep.strategies must be a list of strings, got 'fsdp'", None),
+    ("bad-retries", launcher("retries=-1"), "retries must be an integer >= 0, got -1", None),
+    ("bad-train-value", launcher("train.lr=-1"), "train.lr must be > 0", None),
+    ("bad-executor", launcher("cluster.executor=pbs"), "cluster.executor must be local or slurm, got 'pbs'", None),
+    ("bad-placement-mode", launcher("cluster.placement=random"), "cluster.placement must be in_job or pinned", None),
+    ("wandb-mode", launcher("wandb.enabled=true", "wandb.mode=cloud"),
+     "wandb.mode must be one of offline, online, disabled", None),
+    # ---- layouts, A, F, sizes
+    ("A-below-1", launcher("sweep.A=[0]"), "A (aggregation period in steps) must be an integer >= 1, got 0", None),
+    ("F-not-dividing-nodes", launcher("sweep=paper_table3", "sweep.F=[3]", "sweep.paper_nodes=null"),
+     "F=3 federation groups must be >= 2 and divide the 4 nodes", None),
+    ("F-scales-to-fraction", launcher("sweep=paper_table3", "sweep.F=[80]"),
+     "F=80 at 128 nodes scales to 2.5 groups at 4 nodes", None),
+    ("too-many-ranks", launcher("sweep=paper_table3", "cluster.max_ranks=4"),
+     "needs 8 ranks but cluster 'local' holds at most 4", None),
+    ("too-many-nodes", launcher("sweep.nodes=[64]"), "asks for 64 nodes but cluster 'local' has 4", None),
+    ("bad-node-count", launcher("sweep.nodes=[0]"), "sweep.nodes entries must be positive integers or 'all', got 0",
+     None),
+    ("bad-repeats", launcher("sweep.repeats=0"), "sweep.repeats must be a positive integer, got 0", None),
+    ("empty-sweep", launcher("sweep.exclude=[{strategy:fsdp},{strategy:fl_fsdp}]"), "expands to no runs", None),
+    ("bandwidth-missing-level", launcher("cluster.bandwidth_GBps=[1.4]", "action=plan"),
+     "cluster.bandwidth_GBps needs 2 values", None),
+    ("bandwidth-increasing", launcher("cluster.bandwidth_GBps=[1,2]", "action=plan"),
+     "cluster.bandwidth_GBps must be positive and not increase with level", None),
+    ("bad-nodes-per-level", launcher("cluster.nodes_per_level=[2,4]", "action=plan"),
+     "cluster.nodes_per_level must start at 1", None),
+    # ---- SLURM cluster values and the sbatch script
+    ("partition-missing", launcher("cluster=slurm", "action=plan"), "Missing mandatory value: partition", None),
+    ("partition-null", launcher("cluster=leonardo", "cluster.partition=null", "action=plan"),
+     "cluster 'leonardo' has no partition", None),
+    ("line-break-in-value", launcher("cluster=leonardo", "cluster.partition='gpu\nrm -rf ~'", "action=plan"),
+     "cluster.partition contains a line break", None),
+    ("line-break-in-setup", launcher("cluster=leonardo", "cluster.setup=['module load x\ntouch /tmp/x']",
+                                     "action=plan"), "cluster.setup[0] contains a line break", None),
+    ("setup-unbalanced-quote", launcher("cluster=leonardo", "cluster.setup=[\"source '/opt/env\"]", "action=plan"),
+     "cluster.setup[0] cannot be split into words (No closing quotation)", None),
+    ("sbatch-option-name", launcher("cluster=leonardo", "+cluster.sbatch_extra={x y: 1}", "action=plan"),
+     "cluster.sbatch_extra key 'x y' is not an sbatch option name", None),
+    ("sbatch-option-value", launcher("cluster=leonardo", "+cluster.sbatch_extra.comment={a: 1}", "action=plan"),
+     "cluster.sbatch_extra.comment must be a single value", None),
+    # ---- results paths stay inside results_dir
+    ("sweep-name-slash", launcher("sweep.name=../escape", "action=plan"), "sweep.name '../escape' must be a plain "
+                                                                          "directory name", None),
+    ("sweep-name-dotdot", launcher("sweep.name=..", "action=plan"), "sweep.name '..' must be a plain directory name",
+     None),
+    ("sweep-name-empty", launcher("sweep.name=''", "action=plan"), "sweep.name '' must be a plain directory name",
+     None),
+    ("sweep-dir-symlink-out", launcher("action=plan"), "outside the results directory", symlinked_sweep),
+    # ---- topology text and hostlists (a snapshot directory)
+    ("snapshot-missing", launcher("cluster=leonardo", "cluster.snapshot={tmp}/none", "action=plan"),
+     "snapshot file {tmp}/none/topology.txt does not exist", None),
+    ("snapshot-without-nodes", launcher(*SNAP), "snapshot file {tmp}/snap/nodes.txt does not exist",
+     snapshot(nodes_file=False)),
+    ("topology-garbage", launcher(*SNAP), "line 1: no Key=Value field in 'this is not scontrol output'",
+     snapshot(topology="this is not scontrol output\n")),
+    ("topology-bad-number", launcher(*SNAP), "line 1: Level= not a number ('x')",
+     snapshot(topology="SwitchName=leaf01 Level=x LinkSpeed=1 Nodes=lrdn[0001-0004]\n")),
+    ("hostlist-unclosed", launcher(*SNAP), "line 1: unclosed '[' at position 4 in hostlist 'lrdn[0001-0004'",
+     snapshot(topology="SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004\n")),
+    ("hostlist-trailing-text", launcher(*SNAP), "text '-ib' after the last ']'",
+     snapshot(topology="SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]-ib\n")),
+    ("hostlist-descending", launcher(*SNAP), "descending range '0004-0001'",
+     snapshot(topology="SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0004-0001]\n")),
+    ("node-under-two-leaves", launcher(*SNAP), "node lrdn0004 is under two leaf switches: leaf01 and leaf02",
+     snapshot(topology=TWO_LEAVES)),
+    ("switch-unknown-child", launcher(*SNAP), "switch spine names unknown child switch leaf02",
+     snapshot(topology=UNKNOWN_CHILD)),
+    ("switch-cycle", launcher(*SNAP), "levels must increase upwards (or the switches form a cycle)",
+     snapshot(topology=CYCLE)),
+    ("nodes-garbage", launcher(*SNAP), "line 1: no Key=Value field", snapshot(nodes="garbage\n")),
+    ("node-unknown-state", launcher(*SNAP), "node lrdn0002 has unknown state 'SLEEPY'",
+     snapshot(nodes=_fixture("show_node_oneliner.txt").replace("State=IDLE", "State=SLEEPY", 1))),
+    ("nodes-not-in-topology", launcher(*SNAP), "no node of `scontrol show node` appears in the topology",
+     snapshot(nodes="NodeName=other1 State=IDLE Gres=gpu:4 Partitions=boost_usr_prod\n")),
+    # ---- environment
+    ("no-sbatch", launcher("cluster=leonardo"), "`sbatch` is not on PATH", None),
+    ("no-srun", launcher("cluster=leonardo"), "`srun` is not on PATH", tools(sbatch="")),
+    ("no-scontrol", launcher("cluster=leonardo", "cluster.placement=pinned", "action=plan"),
+     "cluster.placement=pinned needs the real topology", None),
+    ("scontrol-fails", launcher("cluster=leonardo", "action=plan"),
+     "scontrol show topology failed with exit code 1: slurm_load_topo error: Unable to contact slurm controller",
+     tools(scontrol=FAIL_SCONTROL)),
+    ("no-free-nodes", launcher(*SNAP, "cluster.placement=pinned"), "needs 2 nodes of 4 GPUs but only 0 are usable",
+     snapshot(nodes=states("ALLOCATED"))),
+    ("all-nodes-down", launcher(*SNAP), "needs 2 nodes of 4 GPUs but only 0 are usable",
+     snapshot(nodes=states("DOWN+DRAIN"))),
+    ("testbed-outside-namespace", launcher("cluster=testbed", "action=plan"),
+     "must be used from network namespace fsb-hub", None),
+    ("sweep-locked", launcher(), "another launcher (pid 4242) is running on {tmp}/results/smoke", locked_sweep),
+    ("manifest-malformed", launcher("action=plan"), "{tmp}/results/smoke/manifest.jsonl:1 is not a manifest entry",
+     results_file("manifest.jsonl", "not json\n")),
+    # ---- the training entrypoint: spec files, layouts, A, F, keys
+    ("spec-missing", train(), "spec file {tmp}/spec.json does not exist", spec_file(None)),
+    ("spec-not-json", train(), "spec file {tmp}/spec.json is not valid JSON", spec_file("{not json")),
+    ("spec-not-object", train(), "the spec must be a JSON object", spec_file("[1, 2]")),
+    ("spec-missing-key", train(strategy=None), "spec is missing required key(s): strategy", None),
+    ("spec-unknown-key", train(batch=4), "unknown spec key(s): batch", None),
+    ("spec-unknown-train-key", train(train={"batch": 4}), "unknown train key(s): batch", None),
+    ("spec-bad-steps", train(train={"steps": 0}), "train.steps must be a positive integer, got 0", None),
+    ("spec-unknown-strategy", train(strategy="diloco"), "unknown strategy 'diloco'", None),
+    ("spec-fsdp-with-F", train(F=2), "fsdp needs F = 1 and R = 1", None),
+    ("spec-hsdp-with-F", train(strategy="hsdp", F=2), "hsdp needs F = 1", None),
+    ("spec-fl_fsdp-with-R", train(strategy="fl_fsdp", F=2, R=2, A=2), "fl_fsdp needs R = 1", None),
+    ("spec-F-1", train(strategy="fl_fsdp", A=2), "fl_fsdp needs F >= 2 federation groups, got F = 1", None),
+    ("spec-A-missing", train(strategy="fl_fsdp", F=2), "A (aggregation period in steps) must be an integer >= 1, "
+                                                        "got None", None),
+    ("spec-A-zero", train(**{**FL2, "A": 0}), "A (aggregation period in steps) must be an integer >= 1, got 0", None),
+    ("ranks-mismatch", train(**FL2), "F*R*S = 2*1*1 = 2 but the launcher started 1 rank(s) (single)", None),
+    ("spec-unknown-preset", train(model={"preset": "huge"}), "unknown model preset 'huge'", None),
+    ("spec-unknown-model-key", train(model={"preset": "tiny", "hiden_size": 8}), "unknown model key(s): hiden_size",
+     None),
+    ("spec-unknown-data-kind", train(data={"kind": "csv"}), "unknown data kind 'csv'", None),
+    # ---- data and tokenizer paths
+    ("data-path-missing", train(data={**TEXT, "paths": ["{tmp}/none.txt"]}), "data path does not exist: {tmp}/none.txt",
+     text_data("a.txt", "w1 w2")),
+    ("data-unsupported-file", train(data={**TEXT, "paths": ["{tmp}/data/a.csv"]}),
+     "unsupported data file {tmp}/data/a.csv", text_data("a.csv", "w1,w2")),
+    ("data-no-text-files", train(data=TEXT), "no .txt/.jsonl/.parquet files found in {tmp}/data",
+     text_data("empty_dir")),
+    ("data-bad-jsonl", train(data=TEXT), "{tmp}/data/a.jsonl:1: line is not valid JSON",
+     text_data("a.jsonl", "{oops\n")),
+    ("data-too-small", train(data=TEXT), "yields 0 tokens = 0 blocks of seq_len 16; need at least 2",
+     text_data("a.txt", "")),
+    ("tokenizer-missing", train(data={**TEXT, "tokenizer": "{tmp}/no_tokenizer"}),
+     "tokenizer directory does not exist: {tmp}/no_tokenizer", text_data("a.txt", "w1 w2")),
+    ("tokenizer-unloadable", train(data={**TEXT, "tokenizer": "{tmp}/tok"}), "cannot load tokenizer from {tmp}/tok",
+     both(text_data("a.txt", "w1 w2"), broken_tokenizer)),
+    # ---- rendezvous (loopback only)
+    ("rendezvous-unreachable", train(**FL2), "rank 1 of 2: nothing answers at the rendezvous tcp://127.0.0.1:{port} "
+                                             "(rank 0's address, from MASTER_ADDR/MASTER_PORT) after "
+                                             "train.timeout_s=1 s", env(**RANK1_OF_2)),
+    ("rendezvous-never-published", train(**FL2), "rank 1: rank 0 did not publish its address in "
+                                                 "{tmp}/run/.rendezvous-slurm-4242-0-0 within 1 s",
+     env(**SLURM_RANK1_OF_2)),
+    ("rendezvous-stale-file", train(**FL2), "nothing answers at the rendezvous tcp://127.0.0.1:{port} (rank 0's "
+                                            "address, from {tmp}/run/.rendezvous-slurm-4242-0-0)",
+     both(env(**SLURM_RANK1_OF_2), rendezvous_file)),
+    ("master-port-invalid", train(**FL2), "MASTER_PORT must be a port number (1-65535), got 'http'",
+     env(**{**RANK1_OF_2, "MASTER_PORT": "http"})),
+]
+IDS = [case[0] for case in CASES]
+
+
+def _base_spec(tmp: Path) -> dict:
+    return {"strategy": "fsdp", "F": 1, "R": 1, "S": 1, "out_dir": str(tmp / "run"), "model": {"preset": "tiny"},
+            "train": {"steps": 2, "seq_len": 16, "log_every": 1, "timeout_s": 1}}
+
+
+def _fill(value, subs: dict):
+    if isinstance(value, str):
+        for key, sub in subs.items():
+            value = value.replace("{" + key + "}", sub)
+        return value
+    if isinstance(value, list):
+        return [_fill(v, subs) for v in value]
+    if isinstance(value, dict):
+        return {k: _fill(v, subs) for k, v in value.items()}
+    return value
+
+
+def _files(root: Path) -> dict:
+    """Every file under root (links not followed) -> its bytes: what "nothing written" compares."""
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _dead_port(ctx: Ctx) -> int:
+    """A loopback port bound but never listening: connecting is refused, and no one else can take it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    ctx.held.append(sock)
+    return sock.getsockname()[1]
+
+
+def _environment(ctx: Ctx, subs: dict) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SUBMITIT_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC"))}
+    path = [PYTHON_ONLY]
+    if ctx.tools:
+        bin_dir = ctx.tmp / "bin"
+        bin_dir.mkdir()
+        for name, body in ctx.tools.items():
+            tool = bin_dir / name
+            tool.write_text(f"#!/bin/sh\necho \"{name} $*\" >> {ctx.tmp / 'calls.log'}\n{body}")
+            tool.chmod(0o755)
+        path.insert(0, str(bin_dir))
+    env.update(PATH=os.pathsep.join(path), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env.update({k: _fill(v, subs) for k, v in ctx.env.items()})
+    return env
+
+
+@pytest.mark.parametrize("case_id,command,message,prepare", CASES, ids=IDS)
+def test_bad_input(tmp_path, tiny_tokenizer, case_id, command, message, prepare):
+    ctx = Ctx(tmp=tmp_path, tokenizer=tiny_tokenizer)
+    ctx.port = _dead_port(ctx)
+    if prepare:
+        prepare(ctx)
+    subs = {"tmp": str(tmp_path), "port": str(ctx.port), "TOKENIZER": str(tiny_tokenizer)}
+    kind, args = command
+    if kind == "launcher":
+        argv = ["-m", "launcher", *_fill(args, subs), f"results_dir={ctx.results}"]
+    else:
+        if ctx.spec_path is None:
+            spec = _base_spec(tmp_path)
+            for key, value in _fill(args, subs).items():
+                if value is None:
+                    spec.pop(key)
+                elif key == "train":
+                    spec["train"].update(value)
+                else:
+                    spec[key] = value
+            ctx.spec_path = tmp_path / "spec.json"
+            ctx.spec_path.write_text(json.dumps(spec))
+        argv = ["-m", "train", str(ctx.spec_path)]
+    before = {"results": _files(ctx.results), "run": _files(ctx.run), "elsewhere": _files(tmp_path / "elsewhere")}
+    try:
+        proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=_environment(ctx, subs),
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        for obj in ctx.held:
+            obj.close()
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert len(lines) == 1 and lines[0].startswith("fedshard: error: "), proc.stderr[-3000:]
+    assert _fill(message, subs) in lines[0], lines[0]
+    # Nothing submitted, nothing (half-)written: results and run directories exactly as prepared.
+    calls = tmp_path / "calls.log"
+    assert not calls.exists() or "sbatch" not in calls.read_text()
+    after = {"results": _files(ctx.results), "run": _files(ctx.run), "elsewhere": _files(tmp_path / "elsewhere")}
+    assert after == before
+    assert not list(tmp_path.rglob("result.json")) and not list(tmp_path.rglob("plan.json"))
+
+
+def test_readme_table_lists_every_case_once():
+    """README's troubleshooting table and this file's table: the same ids, one row each, in the same order."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Troubleshooting: bad input", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    ids = [re.match(r"\| `([^`]+)` \|", row).group(1) for row in rows]
+    assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
+    assert len(IDS) == len(set(IDS)), sorted({i for i in IDS if IDS.count(i) > 1})
+    assert ids == IDS, (sorted(set(IDS) - set(ids)), sorted(set(ids) - set(IDS)))
+    assert all(row.count("|") >= 4 for row in rows)  # id | input | message names
