@@ -129,6 +129,60 @@ def test_capture_script_snapshot_plans_like_the_live_cluster(testbed, tmp_path):
     assert [r["hostfile"] for r in plans[0]] == [r["hostfile"] for r in plans[1]]
 
 
+RESUME_SWEEP = ["sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5", "sweep.strategies=[fl_fsdp]",
+                "sweep.nodes=[2]", "sweep.train.steps=200", "sweep.train.log_every=10", "train.checkpoint_every=20",
+                "train.stop_check_every=1", "retries=1"]
+RESUME_RUN = "fl_fsdp-F2-R1-S2-A2"
+
+
+def _losses(run_dir: Path) -> list[tuple]:
+    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["aggregated"]) for r in rows]
+
+
+def _sweep_with_fault(results: Path, fault) -> tuple[str, dict]:
+    """Run the resume sweep; once step 20 is checkpointed, apply fault(job_id). Returns stdout and the entry."""
+    _wait_idle()
+    launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, f"results_dir={results}"],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if fault is not None:
+        deadline = time.monotonic() + 300
+        while not (results / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists():
+            assert time.monotonic() < deadline and launcher.poll() is None, "never reached the step-20 checkpoint"
+            time.sleep(0.1)
+        fault(json.loads((results / "smoke" / "manifest.jsonl").read_text())["job_id"])
+    out, err = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    return out, json.loads((results / "smoke" / "manifest.jsonl").read_text())
+
+
+def test_scancel_then_retry_and_preemption_requeue_resume_with_the_same_losses(testbed, tmp_path):
+    _, entry = _sweep_with_fault(tmp_path / "reference", None)
+    assert entry["attempts"] == 1
+    reference = _losses(tmp_path / "reference" / "smoke" / RESUME_RUN)
+
+    # scancel: the job is gone; the launcher retries the run as a new job, which resumes from step >= 20.
+    out, entry = _sweep_with_fault(tmp_path / "cancelled", lambda job: lab("scancel", job).check_returncode())
+    assert "retrying 1 failed run(s)" in out and entry["state"] == "COMPLETED" and entry["attempts"] == 2
+    run_dir = tmp_path / "cancelled" / "smoke" / RESUME_RUN
+    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] >= 20
+    # The retry was submitted only after the cancelled job's last task had stopped writing.
+    retried_at = next((run_dir / "submitit" / "attempt2").glob("*_submitted.pkl")).stat().st_mtime
+    assert max(p.stat().st_mtime for p in (run_dir / "submitit" / "attempt1").iterdir()) <= retried_at
+    assert _losses(run_dir) == reference
+
+    # Pre-emption warning (what SLURM sends before preempting or at the time limit): every task checkpoints
+    # the same step, submitit requeues the same job id, and it resumes there.
+    signal = lambda job: lab("scancel", "--signal=USR2", job).check_returncode()  # noqa: E731
+    out, entry = _sweep_with_fault(tmp_path / "preempted", signal)
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 1 and "retrying" not in out
+    run_dir = tmp_path / "preempted" / "smoke" / RESUME_RUN
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["resumed_from_step"] >= 20
+    assert lab("scontrol", "show", "job", entry["job_id"]).stdout.count("Restarts=1") == 1
+    assert _losses(run_dir) == reference
+
+
 def test_teardown_leaves_no_process_or_namespace(testbed):
     pids = json.loads(Path("/tmp/fedshard-testbed/pids.json").read_text())
     inside = {ns: subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()

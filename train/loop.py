@@ -135,7 +135,7 @@ class Trainer:
             if stopping:
                 if self.watchdog is not None:
                     self.watchdog.close()  # waiting for the requeue is not a hang
-                stop.hand_over(self.rank, done)
+                stop.hand_over(done)
         if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
             self.fedavg.average()  # evaluate the federation's model, not one group's
             self.aggregations += 1

@@ -3,7 +3,7 @@
 SLURM sends submitit's signal (SIGUSR2 by default, `--signal=USR2@90`) to every task before a
 preemption or the time limit, but the tasks receive it at different steps. The handler only
 sets a flag; every `stop_check_every` steps the ranks agree on it with one MAX all_reduce of one
-number, so all of them checkpoint the same step. Rank 0 then hands the signal to submitit's own
+number, so all of them checkpoint the same step. submitit's task 0 then hands the signal to submitit's own
 handler, which calls TrainJob.checkpoint and requeues the job (it resumes from this checkpoint);
 the other ranks wait for the requeue to end them (SLURM) or leave it to the local controller. Without submitit the run ends with a one-line
 error saying where it stopped.
@@ -51,16 +51,18 @@ class StopRequest:
     def restore(self) -> None:
         signal.signal(self.signum, self.previous)
 
-    def hand_over(self, rank: int, steps_done: int) -> None:
-        """After the checkpoint: let submitit requeue (rank 0), wait to be ended (others), or stop."""
+    def hand_over(self, steps_done: int) -> None:
+        """After the checkpoint: let submitit requeue (its task 0), wait to be ended (others), or stop."""
         self.restore()
-        name = signal.Signals(self.signum).name
-        if callable(self.previous):  # submitit's checkpoint_and_try_requeue
-            if rank == 0:
+        executor = os.environ.get("SUBMITIT_EXECUTOR")
+        if executor and callable(self.previous):  # submitit's checkpoint_and_try_requeue
+            from submitit import JobEnvironment
+
+            if JobEnvironment().global_rank == 0:  # submitit's task 0, which in-job placement may renumber
                 self.previous(self.signum, None)  # requeues, then exits
-            elif os.environ.get("SUBMITIT_EXECUTOR") == "local":
-                raise SystemExit(0)  # the local controller restarts every task when rank 0 asks for a requeue
+            elif executor == "local":
+                raise SystemExit(0)  # the local controller restarts every task when task 0 asks for a requeue
             else:
                 time.sleep(REQUEUE_WAIT_S)  # SLURM ends this task when it requeues the job
-        raise Stopped(f"stopped by {name} after step {steps_done}; a checkpoint of that step was saved: "
-                      f"run the same command again to resume")
+        raise Stopped(f"stopped by {signal.Signals(self.signum).name} after step {steps_done}; a checkpoint of "
+                      f"that step was saved: run the same command again to resume")

@@ -81,7 +81,7 @@ SlurmctldHost=hub({net['addr']['hub']})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={STATE}/munge.socket
+AuthInfo=socket={STATE}/munge.socket,cred_expire=10
 CryptoType=crypto/munge
 StateSaveLocation={STATE}/ctld
 SlurmdSpoolDir={STATE}/spool/%n
@@ -97,6 +97,7 @@ JobAcctGatherType=jobacct_gather/none
 {accounting_lines}MailProg=/bin/true
 TopologyPlugin=topology/tree
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -104,6 +105,10 @@ ReturnToService=2
 MpiDefault=none
 SlurmctldTimeout=30
 SlurmdTimeout=30
+# Shorter than SLURM's defaults so tests do not idle; the launcher copes with any values: after scancel,
+# tasks (submitit ignores SIGTERM) may run on for KillWait s; a requeued job waits cred_expire s to restart,
+# then for the next scheduling pass (sched_interval).
+KillWait=10
 {nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
     dbd = STATE / "slurmdbd.conf"  # slurmdbd reads it beside slurm.conf and insists on mode 600
