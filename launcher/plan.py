@@ -9,7 +9,8 @@ from train.spec import write_atomic
 from . import allocate, planner, topology
 from .costmodel import Model, model_from_preset, predict
 from .errors import ConfigError
-from .settings import Settings, redact, secret_name
+from .secrets import redact, redacted
+from .settings import Settings
 from .store import Store
 from .submit import attempt_folder, require_netns, resources, sbatch_text
 from .sweep import Run, expand
@@ -59,25 +60,10 @@ def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[st
         "coords": [list(c) for c in placement.coords], "bandwidth": placement.bandwidth,
         "group_levels": placement.group_levels, "hierarchy_ok": placement.hierarchy_ok,
         "predicted_comm_s": predicted, "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
-        else None, "resources": _redacted(resources(cluster, run)),
+        else None, "resources": redacted(resources(cluster, run)),
         "sbatch": "\n".join(map(redact, sbatch_text(cluster, run, folder).split("\n")))
         if cluster.executor == "slurm" else None,
     }
-
-
-def _redacted(params: dict) -> dict:
-    """Sbatch parameters as shown in plan.json: values of secret-looking names (HF_TOKEN=...) hidden; the job
-    itself still gets them."""
-    out = {}
-    for key, value in params.items():
-        if isinstance(value, dict):
-            value = _redacted(value)
-        elif isinstance(value, list):
-            value = [redact(v) if isinstance(v, str) else v for v in value]
-        elif secret_name(str(key)):
-            value = "***"
-        out[key] = value
-    return out
 
 
 def _gbps(b) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .errors import ConfigError
+from .secrets import redact
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ACTIONS = ("run", "plan", "report")
@@ -157,6 +158,9 @@ def _one_command(line: str, key: str) -> str:
         raise ConfigError(f"{key} cannot be split into words ({exc}): {redact(repr(line))}") from None
 
 
+_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
 def check_name(name, results_dir: Path) -> Path:
     """The sweep's directory under results_dir: a single, ordinary path component that stays inside it."""
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
@@ -167,27 +171,6 @@ def check_name(name, results_dir: Path) -> Path:
         raise ConfigError(f"sweep directory {sweep_dir} resolves to {sweep_dir.resolve()}, outside the results "
                           f"directory {results_dir}")
     return sweep_dir
-
-
-# Names whose values are never echoed (plan.json, error messages): API keys, tokens, passwords.
-_SECRET = re.compile(r"token|secret|passw|credential|(?:^|[_-])(?:api_?)?key$", re.I)
-_ASSIGNMENT = re.compile(r"(?P<q>['\"])(?P<n>-{0,2}[A-Za-z_][\w.-]*)=[^'\"]*(?P=q)"
-                         r"|(?<![^\s'\"=])(?P<m>-{0,2}[A-Za-z_][\w.-]*)=(?:'[^']*'|\"[^\"]*\"|[^\s'\"])*")
-_OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-
-
-def secret_name(name: str) -> bool:
-    return bool(_SECRET.search(name.lstrip("-")))
-
-
-def redact(text: str) -> str:
-    """`NAME=value` -> `NAME=***` wherever NAME looks like a secret (HF_TOKEN, WANDB_API_KEY, --password...)."""
-    def hide(m):
-        name = m["n"] or m["m"]
-        if not secret_name(name):
-            return m[0]
-        return f"{m['q']}{name}=***{m['q']}" if m["q"] else f"{name}=***"
-    return _ASSIGNMENT.sub(hide, text)
 
 
 def compose(overrides: list[str]) -> Settings:

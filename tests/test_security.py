@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.settings import check_name, redact
+from launcher.secrets import redact
+from launcher.settings import check_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_ONLY = os.path.dirname(sys.executable)  # no SLURM client on PATH: plans use the ideal tree
