@@ -70,7 +70,7 @@ def sbatch_text(cluster: Cluster, run: Run, folder: Path) -> str:
     """The script submitit would submit for this run (shown by action=plan)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    command = f"{sys.executable} -u -m submitit.core._submit {folder}"
+    command = shlex.join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
     return _make_sbatch_string(command=command, folder=folder, **slurm_parameters(cluster, run))
 
 

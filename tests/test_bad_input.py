@@ -295,6 +295,8 @@ CASES = [
     ("spec-A-missing", train(strategy="fl_fsdp", F=2), "A (aggregation period in steps) must be an integer >= 1, "
                                                         "got None", None),
     ("spec-A-zero", train(**{**FL2, "A": 0}), "A (aggregation period in steps) must be an integer >= 1, got 0", None),
+    ("out-dir-blocked", train(out_dir="{tmp}/results/smoke/run"),  # results/smoke is a regular file
+     "out_dir {tmp}/results/smoke/run cannot be created: Not a directory", results_file("", "")),
     ("ranks-mismatch", train(**FL2), "F*R*S = 2*1*1 = 2 but the launcher started 1 rank(s) (single)", None),
     ("spec-unknown-preset", train(model={"preset": "huge"}), "unknown model preset 'huge'", None),
     ("spec-unknown-model-key", train(model={"preset": "tiny", "hiden_size": 8}), "unknown model key(s): hiden_size",

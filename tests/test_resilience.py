@@ -128,3 +128,18 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_same_losses(tmp_pa
     assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] >= 20
     assert _manifest(tmp_path / "session")["state"] == "COMPLETED"
     assert _losses(run_dir) == _losses(reference)
+
+
+def test_stop_signal_outside_submitit_saves_and_says_how_to_resume(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"strategy": "fsdp", "F": 1, "R": 1, "S": 1, "out_dir": str(tmp_path / "run"),
+                                "train": {"steps": 100000, "seq_len": 16, "log_every": 5, "stop_check_every": 1}}))
+    proc = subprocess.Popen([sys.executable, "-m", "train", str(spec)], env=_env(), stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: _steps_logged(tmp_path / "run") >= 10, "step 10", alive=lambda: proc.poll() is None)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
+    step = int(err.split("after step ")[1].split(";")[0])
+    assert err.startswith(f"fedshard: error: stopped by SIGUSR2 after step {step}; a checkpoint")
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == [f"step-{step:06d}"]
+    assert _steps_logged(tmp_path / "run") == step and not (tmp_path / "run" / "result.json").exists()

@@ -213,7 +213,10 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
     device = dist_env.pick_device(spec.device)
     if device == "cpu":
         dist_env.limit_cpu_threads(env)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecError(f"out_dir {out_dir} cannot be created: {exc.strerror}") from None
     if env.rank == 0:  # a stale result must not make this attempt look finished
         (out_dir / "result.json").unlink(missing_ok=True)
         if checkpoint.latest(out_dir) is None:
