@@ -58,3 +58,35 @@ def test_resuming_with_another_layout_is_refused(tmp_path):
     proc = _torchrun(other)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0 and "resuming with another layout is refused" in err
+
+
+def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[list, list]:
+    import train.federated as federated
+    from train import checkpoint
+    from train.loop import Trainer
+    from train.spec import RunSpec
+
+    calls = []
+    real_check = federated.alignment.check
+    federated.alignment.check = lambda *a, **kw: (calls.append(a[-1]), real_check(*a, **kw))[1]
+    spec = RunSpec.from_dict({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 2, "out_dir": out_dir,
+                              "train": {"steps": 8, "seq_len": 16}})
+    first = Trainer(spec, rank, "cpu", out_dir=Path(out_dir))
+    for i in range(3):
+        first.step(i)
+    checkpoint.save(first, 3)
+    before = list(calls)
+    calls.clear()
+    resumed = Trainer(spec, rank, "cpu", out_dir=Path(out_dir))
+    assert resumed.start_step == 3 and calls == []  # groups differ now: no content check at start
+    for i in range(3, 8):
+        resumed.step(i)
+    return before, list(calls)
+
+
+def test_alignment_guard_runs_again_before_the_first_average_after_resume(tmp_path):
+    from tests.distributed import run_ranks
+
+    for before, after in run_ranks(_guard_calls_around_resume, 2, str(tmp_path)):
+        assert before == [True]   # a fresh run checks layouts and initial contents once, at start
+        assert after == [False]   # a resumed one checks layouts once, at its first FedAvg (step 4), not again
