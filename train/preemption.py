@@ -3,10 +3,10 @@
 SLURM sends submitit's signal (SIGUSR2 by default, `--signal=USR2@90`) to every task before a
 preemption or the time limit, but the tasks receive it at different steps. The handler only
 sets a flag; every `stop_check_every` steps the ranks agree on it with one MAX all_reduce of one
-number, so all of them checkpoint the same step. submitit's task 0 then hands the signal to submitit's own
-handler, which calls TrainJob.checkpoint and requeues the job (it resumes from this checkpoint);
-the other ranks wait for the requeue to end them (SLURM) or leave it to the local controller. Without submitit the run ends with a one-line
-error saying where it stopped.
+number, so all of them checkpoint the same step. submitit's task 0 then hands the signal to
+submitit's own handler, which calls TrainJob.checkpoint and requeues the job (it resumes from
+this checkpoint); the other tasks wait for the requeue to end them (SLURM) or exit for the local
+controller to restart. Without submitit the run ends with a one-line error saying where it stopped.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from .errors import Stopped
 
-REQUEUE_WAIT_S = 300.0  # on SLURM, ranks other than 0 wait this long for the requeue to end them
+REQUEUE_WAIT_S = 300.0  # on SLURM, tasks other than 0 wait this long for the requeue to end them
 
 
 def stop_signal() -> int:
