@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import yaml
 
@@ -27,8 +28,7 @@ def worker(size_mb: int, repeats: int, run_dir: str) -> None:
     from train import dist as dist_env
 
     env = dist_env.detect()
-    addr, port = dist_env.rendezvous(env, __import__("pathlib").Path(run_dir), 120)
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=env.rank, world_size=env.world_size)
+    dist_env.init(env, "cpu", "gloo", Path(run_dir), 120)
     buf = torch.ones(size_mb * 2**20 // 4)
     times = []
     for _ in range(repeats + 1):

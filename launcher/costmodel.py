@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
+from train.spec import STRATEGIES  # torch-free
+
 _LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
 

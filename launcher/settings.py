@@ -193,7 +193,7 @@ def compose(overrides: list[str]) -> Settings:
         raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}")
     if raw["action"] not in ACTIONS:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")
-    if not isinstance(raw["retries"], int) or isinstance(raw["retries"], bool) or raw["retries"] < 0:
+    if not _is(raw["retries"], int) or raw["retries"] < 0:
         raise ConfigError(f"retries must be an integer >= 0, got {raw['retries']!r}")
     if not _is(raw["poll_s"], float) or not raw["poll_s"] > 0:
         raise ConfigError(f"poll_s must be a number > 0, got {raw['poll_s']!r}")

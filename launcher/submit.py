@@ -153,20 +153,14 @@ FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", 
 
 
 def job_done(job, executor_kind: str, tasks: int, accounting: bool = True) -> tuple[bool, str]:
-    """(done, state). A SLURM job that ended is done only once none of its processes is left: after scancel
-    its tasks may run on for KillWait seconds (state COMPLETING), and a retry must not meet them in the
-    run directory."""
-    done, state = _job_done(job, executor_kind, tasks, accounting)
-    if done and executor_kind == "slurm" and scontrol.job_state(str(job.job_id)) == "COMPLETING":
-        return False, "COMPLETING"
-    return done, state
-
-
-def _job_done(job, executor_kind: str, tasks: int, accounting: bool) -> tuple[bool, str]:
-    """Without accounting submitit (which asks only sacct) is bypassed: a job is done when every task
-    left its result pickle, or when squeue/scontrol say it ended (or no longer know it)."""
+    """(done, state). With accounting, sacct says a cancelled job ended while its tasks may still run for
+    KillWait seconds (squeue: COMPLETING): it is done only once they are gone, so a retry never meets them in
+    the run directory. Without accounting submitit (which asks only sacct) is bypassed: a job is done when
+    every task left its result pickle, or when squeue/scontrol say it ended (or no longer know it)."""
     if executor_kind != "slurm" or accounting:
         if job.done():
+            if executor_kind == "slurm" and scontrol.job_state(str(job.job_id)) == "COMPLETING":
+                return False, "COMPLETING"
             return True, job.state
         if executor_kind != "slurm" or job.state not in ("UNKNOWN", "NODE_FAIL"):
             return False, job.state

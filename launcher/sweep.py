@@ -124,11 +124,11 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
     if cluster.max_ranks is not None and world > cluster.max_ranks:
         raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
                           f"at most {cluster.max_ranks} (cluster.max_ranks)")
-    raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "", "model": settings.model,
+    raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "pending", "model": settings.model,
            "data": settings.data, "train": {**settings.train, **sweep.train}, "device": cluster.device,
            "backend": cluster.backend, "peak_flops": cluster.peak_flops}
     try:
-        spec = RunSpec.from_dict({**raw, "out_dir": "pending"})
+        spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final
     except FedshardError as exc:
         raise ConfigError(f"{strategy} (F,R,S)=({F_},{R},{S}): {exc}") from None
     if sweep.repeats > 1:

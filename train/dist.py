@@ -72,20 +72,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ) -> tuple[str, int]:
-    """Address and port of rank 0's host."""
+def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ) -> tuple[str, int, str]:
+    """Address and port of rank 0's host, and where they came from (for error messages)."""
     if "MASTER_ADDR" in environ and "MASTER_PORT" in environ:
         port = environ["MASTER_PORT"]
         if not port.isdigit() or not 0 < int(port) < 65536:
             raise FedshardError(f"MASTER_PORT must be a port number (1-65535), got {port!r}")
-        return environ["MASTER_ADDR"], int(port)
+        return environ["MASTER_ADDR"], int(port), "MASTER_ADDR/MASTER_PORT"
     if env.world_size == 1:
-        return "127.0.0.1", free_port()
+        return "127.0.0.1", free_port(), "a free local port"
     path = run_dir / f".rendezvous-{env.job_tag}"
     if env.rank == 0:
         addr, port = environ.get("MASTER_ADDR", env.host), int(environ.get("MASTER_PORT", 0)) or free_port()
         write_atomic(path, f"{addr} {port}\n")
-        return addr, port
+        return addr, port, str(path)
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         if time.monotonic() > deadline:
@@ -93,7 +93,7 @@ def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ
                                 f"within {timeout_s:.0f} s (is the run directory on a shared filesystem?)")
         time.sleep(0.1)
     addr, port = path.read_text().split()
-    return addr, int(port)
+    return addr, int(port), str(path)
 
 
 def limit_cpu_threads(env: DistEnv, environ=os.environ) -> None:
@@ -116,9 +116,7 @@ def init(env: DistEnv, device: str, backend: str, run_dir: Path, timeout_s: floa
         backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-    addr, port = rendezvous(env, run_dir, timeout_s)
-    where = "MASTER_ADDR/MASTER_PORT" if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ \
-        else str(run_dir / f".rendezvous-{env.job_tag}")
+    addr, port, where = rendezvous(env, run_dir, timeout_s)
     if env.rank != 0:  # torch would retry with a C++ backtrace per attempt on stderr; say it in one line instead
         wait_listening(env, addr, port, where, timeout_s)
     try:
