@@ -1,5 +1,12 @@
-"""Shared fixtures: a word-level tokenizer saved to a local directory (nothing is downloaded)."""
+"""Shared fixtures: a word-level tokenizer saved to a local directory (nothing is downloaded).
+
+Hypothesis runs without its per-example deadline: a timing limit would make tests fail on a busy machine.
+"""
 import pytest
+from hypothesis import settings
+
+settings.register_profile("fedshard", deadline=None)
+settings.load_profile("fedshard")
 
 WORDS = [f"w{i}" for i in range(120)]  # every word once, so every packed block is unique
 

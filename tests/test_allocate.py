@@ -146,12 +146,24 @@ def test_placement_properties(topo, F, R, G, S_mult):
             if lvl < level:
                 under = _under(topo, switch)
                 assert len(under & free) + len(under & group_nodes) < k, (f, level, switch)
-    # hierarchy_ok is exactly the ordering of independently recomputed bottlenecks.
-    again = allocate.assess(F, R, S, p.hosts, topo)
-    present = [b for b in again.bandwidth.values() if b is not None]
-    assert p.hierarchy_ok == all(a >= b for a, b in zip(present, present[1:]))
-    assert again.bandwidth == p.bandwidth
+    # The bottlenecks, recomputed here from the rank grid and the switch subtrees (not with allocate/lca_level).
+    def rank(f, r, s):
+        return f * R * S + r * S + s
 
+    def lowest_common_level(ranks):
+        hosts = {p.hosts[k] for k in ranks}
+        return -1 if len(hosts) == 1 else min(lvl for sw, lvl in topo.level.items() if hosts <= _under(topo, sw))
+
+    def worst(groups):
+        levels = [lowest_common_level(g) for g in groups if len(g) > 1]
+        return topo.bandwidth[max(levels) + 1] if levels else None
+
+    expected = {"B_S": worst([[rank(f, r, s) for s in range(S)] for f in range(F) for r in range(R)]),
+                "B_R": worst([[rank(f, r, s) for r in range(R)] for f in range(F) for s in range(S)]),
+                "B_F": worst([[rank(f, 0, s) for f in range(F)] for s in range(S)])}  # replica 0 averages
+    assert p.bandwidth == expected
+    present = [b for b in expected.values() if b is not None]
+    assert p.hierarchy_ok == all(a >= b for a, b in zip(present, present[1:]))
 
 
 def test_report_verifies_where_ranks_really_ran():

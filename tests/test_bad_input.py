@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import PYTHON_ONLY, ROOT
+
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "slurm-22.05.8"
-PYTHON_ONLY = os.path.dirname(sys.executable)  # no SLURM client on this PATH
 
 
 def _fixture(name: str) -> str:

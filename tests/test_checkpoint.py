@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_entrypoint import _env
+from tests.support import clean_env, losses
 
 STEPS, EVERY = 120, 20
 
@@ -20,12 +20,7 @@ def _spec(tmp_path: Path, name: str, **over) -> Path:
 
 def _torchrun(spec: Path, entry=("train",)) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "-m", *entry,
-                             str(spec)], env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _losses(run_dir: Path) -> list[tuple]:
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"], r["aggregated"]) for r in rows]
+                             str(spec)], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tmp_path):
@@ -40,13 +35,13 @@ def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tm
     assert not (run_dir / "result.json").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
         [".step-000060.tmp", "step-000020", "step-000040"]  # the interrupted write was never published
-    assert len(_losses(run_dir)) == EVERY * 3
+    assert len(losses(run_dir)) == EVERY * 3
 
     second = _torchrun(spec)
     assert second.wait(timeout=600) == 0, second.stderr.read()[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] == EVERY * 2  # the previous checkpoint loaded
-    assert _losses(run_dir) == _losses(tmp_path / "reference")  # bitwise: same losses, same FedAvg steps
+    assert losses(run_dir) == losses(tmp_path / "reference")  # bitwise: same losses, same FedAvg steps
     assert result["aggregations"] == json.loads((tmp_path / "reference" / "result.json").read_text())["aggregations"]
 
 

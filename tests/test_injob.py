@@ -11,7 +11,8 @@ from launcher.submit import slurm_parameters
 from launcher.plan import place_runs
 from launcher.sweep import expand
 from tests.test_allocate import FIXTURES
-from tests.test_entrypoint import _env, _spec
+from tests.support import clean_env
+from tests.test_entrypoint import _spec
 
 
 def test_ranks_follow_the_topology_not_srun_order(tmp_path):
@@ -23,7 +24,7 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
     spec = _spec(tmp_path)  # fl_fsdp F=2 R=1 S=1
     code = f"from launcher.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)()"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_env(SLURM_PROCID=str(p), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="77",
+                              env=clean_env(SLURM_PROCID=str(p), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="77",
                                        SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME=f"n{p + 1}"))
              for p in (0, 1)]
     outs = [p.communicate(timeout=600) for p in procs]

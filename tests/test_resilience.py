@@ -8,35 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import submitit
 
 from train.__main__ import TrainJob
-from tests.test_checkpoint import _losses
-from tests.test_entrypoint import _env
+from tests.support import children, clean_env, losses, steps_logged, wait_for
 
 STEPS = 80
-
-
-def _wait_for(predicate, what: str, timeout_s: float = 300.0, alive=lambda: True) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert alive(), f"the process ended before {what}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _steps_logged(run_dir: Path) -> int:
-    try:
-        return len((run_dir / "metrics.jsonl").read_text().splitlines())
-    except OSError:
-        return 0
-
-
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def _submit_local(tmp_path: Path, name: str):
@@ -50,21 +29,21 @@ def _submit_local(tmp_path: Path, name: str):
 
 def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypatch):
     """SLURM's pre-emption warning (submitit's USR2), delivered to every task as SLURM does."""
-    for key, value in _env().items():
+    for key, value in clean_env().items():
         monkeypatch.setenv(key, value)
     reference = _submit_local(tmp_path, "reference")
     assert reference.results()[0]["resumed_from_step"] == 0
 
     job = _submit_local(tmp_path, "preempted")
     run_dir = tmp_path / "preempted"
-    _wait_for(lambda: _steps_logged(run_dir) >= 20, "step 20", alive=lambda: not job.done())
-    for task in _children(int(job.job_id)):
+    wait_for(lambda: steps_logged(run_dir) >= 20, "step 20", alive=lambda: not job.done())
+    for task in children(int(job.job_id)):
         os.kill(task, signal.SIGUSR2)
     result = job.results()[0]
     # No periodic checkpoints were asked for: the one resumed from was written on the signal.
     assert 20 <= result["resumed_from_step"] < STEPS
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{result['resumed_from_step']:06d}"]
-    assert _losses(run_dir) == _losses(tmp_path / "reference")
+    assert losses(run_dir) == losses(tmp_path / "reference")
     assert result["aggregations"] == reference.results()[0]["aggregations"]
 
 
@@ -74,9 +53,8 @@ RUN_ID = "fl_fsdp-F2-R1-S2-A2"
 
 
 def _launcher(results: Path, **popen) -> subprocess.Popen:
-    from tests.test_launcher import _env as launcher_env
-
-    return subprocess.Popen([sys.executable, "-m", "launcher", *SWEEP, f"results_dir={results}"], env=launcher_env(),
+    return subprocess.Popen([sys.executable, "-m", "launcher", *SWEEP, f"results_dir={results}"],
+                            env=clean_env(slurm_client=False),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
@@ -94,7 +72,7 @@ def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
     """SIGKILL the launcher (and, with whole_session, its job too, as when a login session dies)."""
     proc = _launcher(results, start_new_session=True)
     run_dir = results / "smoke" / RUN_ID
-    _wait_for(lambda: (run_dir / "checkpoints" / "step-000020").exists(), "the step-20 checkpoint",
+    wait_for(lambda: (run_dir / "checkpoints" / "step-000020").exists(), "the step-20 checkpoint",
               alive=lambda: proc.poll() is None)
     if whole_session:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -105,7 +83,7 @@ def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
     assert _manifest(results)["state"] in ("SUBMITTED", "RUNNING")  # what a killed launcher leaves behind
 
 
-def test_launcher_killed_rerun_reattaches_or_resumes_with_the_same_losses(tmp_path):
+def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_path):
     out = _finish(_launcher(tmp_path / "reference"))
     assert "submitted" in out
     reference = tmp_path / "reference" / "smoke" / RUN_ID
@@ -118,7 +96,7 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_same_losses(tmp_pa
     run_dir = tmp_path / "orphan" / "smoke" / RUN_ID
     assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] == 0
     assert _manifest(tmp_path / "orphan")["state"] == "COMPLETED"
-    assert _losses(run_dir) == _losses(reference)
+    assert losses(run_dir) == losses(reference)
 
     # The launcher and its job die together: the rerun finds the job gone and resumes from its checkpoint.
     _kill_launcher_mid_run(tmp_path / "session", whole_session=True)
@@ -127,19 +105,19 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_same_losses(tmp_pa
     run_dir = tmp_path / "session" / "smoke" / RUN_ID
     assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] >= 20
     assert _manifest(tmp_path / "session")["state"] == "COMPLETED"
-    assert _losses(run_dir) == _losses(reference)
+    assert losses(run_dir) == losses(reference)
 
 
 def test_stop_signal_outside_submitit_saves_and_says_how_to_resume(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"strategy": "fsdp", "F": 1, "R": 1, "S": 1, "out_dir": str(tmp_path / "run"),
                                 "train": {"steps": 100000, "seq_len": 16, "log_every": 5, "stop_check_every": 1}}))
-    proc = subprocess.Popen([sys.executable, "-m", "train", str(spec)], env=_env(), stderr=subprocess.PIPE, text=True)
-    _wait_for(lambda: _steps_logged(tmp_path / "run") >= 10, "step 10", alive=lambda: proc.poll() is None)
+    proc = subprocess.Popen([sys.executable, "-m", "train", str(spec)], env=clean_env(), stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: steps_logged(tmp_path / "run") >= 10, "step 10", alive=lambda: proc.poll() is None)
     proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
     step = int(err.split("after step ")[1].split(";")[0])
     assert err.startswith(f"fedshard: error: stopped by SIGUSR2 after step {step}; a checkpoint")
     assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == [f"step-{step:06d}"]
-    assert _steps_logged(tmp_path / "run") == step and not (tmp_path / "run" / "result.json").exists()
+    assert steps_logged(tmp_path / "run") == step and not (tmp_path / "run" / "result.json").exists()

@@ -11,16 +11,13 @@ import pytest
 from launcher.errors import ConfigError
 from launcher.secrets import redact
 from launcher.settings import check_name
+from tests.support import clean_env
 
-ROOT = Path(__file__).resolve().parent.parent
-PYTHON_ONLY = os.path.dirname(sys.executable)  # no SLURM client on PATH: plans use the ideal tree
 HOSTILE = "x; touch INJECTED $(touch INJECTED) `touch INJECTED` 'q' && touch INJECTED | tee INJECTED"
 
 
 def _env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_", "MASTER_", "RANK",
-                                                                     "WORLD_SIZE", "LOCAL_RANK"))}
-    return {**env, "PATH": PYTHON_ONLY, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **extra}
+    return clean_env(slurm_client=False, **extra)
 
 
 def _plan(workdir: Path, *overrides, env=None):
@@ -104,8 +101,8 @@ def _leaks(texts: dict) -> list:
     return [(where, name) for where, text in texts.items() for name, secret in SENTINELS.items() if secret in text]
 
 
-def _written(root: Path) -> dict:
-    return {str(p): p.read_text(errors="replace") for p in root.rglob("*") if p.is_file()}
+def _written(root: Path) -> dict:  # every file, binary ones (W&B's .wandb log, pickles) read as text too
+    return {str(p): p.read_bytes().decode(errors="replace") for p in root.rglob("*") if p.is_file()}
 
 
 def test_no_secret_reaches_outputs_logs_or_plans(tmp_path):
@@ -116,14 +113,13 @@ def test_no_secret_reaches_outputs_logs_or_plans(tmp_path):
     slurm, plan = _plan(tmp_path / "slurm", "model=tiny", "cluster=leonardo", setup, env=env)
     assert "export HF_TOKEN=***" in plan["runs"][0]["sbatch"]
     assert plan["runs"][0]["resources"]["setup"][-1] == "export HF_TOKEN=***"
-    # The trainer: one rank, end to end.
-    spec = {"strategy": "fsdp", "F": 1, "R": 1, "S": 1, "out_dir": str(tmp_path / "run"), "model": {"preset": "tiny"},
-            "train": {"steps": 2, "seq_len": 16, "log_every": 1}}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    trained = subprocess.run([sys.executable, "-m", "train", str(tmp_path / "spec.json")], capture_output=True,
-                             text=True, cwd=tmp_path, env=env, timeout=300)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    assert (tmp_path / "run" / "result.json").exists()
+    # A real local sweep: launcher, submitit logs, four ranks training, the manifest, and W&B (offline) files.
+    ran = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "sweep.strategies=[fsdp]",
+                          "sweep.train.steps=2", "wandb.enabled=true", f"results_dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    assert list((tmp_path / "run" / "smoke").glob("*/submitit/attempt1/*_log.err"))  # the jobs' logs are read too
+    assert list((tmp_path / "run" / "smoke" / "wandb").glob("offline-run-*"))
     texts = {**_written(tmp_path), "launcher stdout (local)": local.stdout + local.stderr,
-             "launcher stdout (slurm)": slurm.stdout + slurm.stderr, "train output": trained.stdout + trained.stderr}
+             "launcher stdout (slurm)": slurm.stdout + slurm.stderr, "sweep output": ran.stdout + ran.stderr}
     assert _leaks(texts) == []

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import ROOT, losses, wait_for
+
 TESTBED = [sys.executable, str(ROOT / "slurm" / "testbed" / "testbed.py")]
 LAB = str(ROOT / "slurm" / "testbed" / "lab")
 NAMESPACES = ["fsb-hub", "fsb-spine", "fsb-leaf1", "fsb-leaf2", "fsb-tb1", "fsb-tb2", "fsb-tb3", "fsb-tb4"]
@@ -93,12 +94,8 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
 
 def _wait_idle(timeout_s=60):
     """Pinned nodes must be free: wait for the previous test's jobs to leave the nodes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if set(lab("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"}:
-            return
-        time.sleep(0.5)
-    pytest.fail("testbed nodes did not return to idle")
+    wait_for(lambda: set(lab("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"},
+             "the testbed nodes to return to idle", timeout_s)
 
 
 def test_pinned_mode_orders_ranks_with_a_hostfile(testbed, tmp_path):
@@ -135,31 +132,24 @@ RESUME_SWEEP = ["sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5", "s
 RESUME_RUN = "fl_fsdp-F2-R1-S2-A2"
 
 
-def _losses(run_dir: Path) -> list[tuple]:
-    rows = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [(r["step"], r["loss"], r["aggregated"]) for r in rows]
-
-
 def _sweep_with_fault(results: Path, fault) -> tuple[str, dict]:
     """Run the resume sweep; once step 20 is checkpointed, apply fault(job_id). Returns stdout and the entry."""
     _wait_idle()
     launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, f"results_dir={results}"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if fault is not None:
-        deadline = time.monotonic() + 300
-        while not (results / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists():
-            assert time.monotonic() < deadline and launcher.poll() is None, "never reached the step-20 checkpoint"
-            time.sleep(0.1)
+        wait_for((results / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists,
+                 "the step-20 checkpoint", alive=lambda: launcher.poll() is None)
         fault(json.loads((results / "smoke" / "manifest.jsonl").read_text())["job_id"])
     out, err = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, out[-3000:] + err[-3000:]
     return out, json.loads((results / "smoke" / "manifest.jsonl").read_text())
 
 
-def test_scancel_then_retry_and_preemption_requeue_resume_with_the_same_losses(testbed, tmp_path):
+def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(testbed, tmp_path):
     _, entry = _sweep_with_fault(tmp_path / "reference", None)
     assert entry["attempts"] == 1
-    reference = _losses(tmp_path / "reference" / "smoke" / RESUME_RUN)
+    reference = losses(tmp_path / "reference" / "smoke" / RESUME_RUN)
 
     # scancel: the job is gone; the launcher retries the run as a new job, which resumes from step >= 20.
     out, entry = _sweep_with_fault(tmp_path / "cancelled", lambda job: lab("scancel", job).check_returncode())
@@ -169,7 +159,7 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_same_losses(t
     # The retry was submitted only after the cancelled job's last task had stopped writing.
     retried_at = next((run_dir / "submitit" / "attempt2").glob("*_submitted.pkl")).stat().st_mtime
     assert max(p.stat().st_mtime for p in (run_dir / "submitit" / "attempt1").iterdir()) <= retried_at
-    assert _losses(run_dir) == reference
+    assert losses(run_dir) == reference
 
     # Pre-emption warning (what SLURM sends before preempting or at the time limit): every task checkpoints
     # the same step, submitit requeues the same job id, and it resumes there.
@@ -180,7 +170,7 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_same_losses(t
     result = json.loads((run_dir / "result.json").read_text())
     assert result["resumed_from_step"] >= 20
     assert lab("scontrol", "show", "job", entry["job_id"]).stdout.count("Restarts=1") == 1
-    assert _losses(run_dir) == reference
+    assert losses(run_dir) == reference
 
 
 def test_teardown_leaves_no_process_or_namespace(testbed):
@@ -203,26 +193,3 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
-
-
-@pytest.fixture
-def testbed_without_accounting():
-    yield from _running_testbed("--no-accounting")
-
-
-def test_job_killed_outside_python_without_accounting_does_not_hang(testbed_without_accounting, tmp_path):
-    assert "accounting storage is disabled" in lab("sacct", "-j", "1").stderr.lower()
-    launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny",
-                                 "retries=0", "poll_s=1", "sweep.strategies=[fsdp]", "train.steps=100000",
-                                 f"results_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while "RUNNING" not in lab("squeue", "-h", "-o", "%T").stdout:
-        assert time.monotonic() < deadline and launcher.poll() is None, "the job never started"
-        time.sleep(1)
-    assert lab("scancel", "1").returncode == 0
-    out, err = launcher.communicate(timeout=120)  # submitit alone would poll sacct forever
-    assert launcher.returncode == 1, out + err
-    assert "1 of 1 run(s) failed" in out
-    entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
-    assert entry["state"] == "FAILED" and entry["scheduler_state"] in ("CANCELLED", "VANISHED")

@@ -1,0 +1,48 @@
+"""Helpers the test modules share: a clean environment for child processes, waiting, and reading runs."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_ONLY = os.path.dirname(sys.executable)  # a PATH with no SLURM client on it: a "laptop"
+_LAUNCH_VARS = ("SLURM_", "SUBMITIT_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
+
+
+def clean_env(slurm_client: bool = True, **extra) -> dict:
+    """This environment without the variables of the launcher running pytest (SLURM, submitit, torchrun),
+    with one OpenMP thread per process; without `slurm_client` the PATH holds only the Python interpreter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_VARS)}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    if not slurm_client:
+        env["PATH"] = PYTHON_ONLY
+    return {**env, **extra}
+
+
+def wait_for(predicate, what: str, timeout_s: float = 300.0, alive=lambda: True) -> None:
+    """Poll until predicate() holds; fail at once if `alive()` turns false, or after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert alive(), f"the process ended before {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def steps_logged(run_dir: Path) -> int:
+    try:
+        return len((run_dir / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def losses(run_dir: Path) -> list[tuple]:
+    """(step, loss, aggregated) of every logged step: what exact-resume tests compare with `==`."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["aggregated"]) for r in rows]
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
