@@ -8,7 +8,9 @@ prices them all; the strategy only decides which of three terms exist:
 - federation  (1/A)*(2(F-1)/(F*B_F) + 1/B_R)      FedAvg all-reduce across groups every A steps, then
                                                   replica 0's broadcast to the other R-1 (FL+HSDP only)
 
-each multiplied by M*L = the model's bytes. A group of size 1 sends nothing, so its term is 0 and its
+each multiplied by M*L = the model's bytes as each collective sends them (`Model`): the shard term is
+P*(2*b_gather + b_grad)*(S-1)/(S*B_S), the replicate term P*b_grad*..., the federation term P*b_fedavg*...;
+with one dtype throughout these are the paper's 3*M*L, 2*M*L, M*L. A group of size 1 sends nothing, so its term is 0 and its
 bandwidth may be None; that includes the broadcast when R = 1, and the whole federation term when F = 1.
 """
 from __future__ import annotations
@@ -33,24 +35,48 @@ def llama_params(vocab_size: int, hidden_size: int, num_hidden_layers: int, num_
 
 @dataclass(frozen=True)
 class Model:
-    """What the cost model needs of a model: only the total bytes moved (M*L) enter the formulas."""
+    """What the cost model needs of a model: its parameters and the bytes per parameter each collective sends.
+
+    bytes_per_param: FSDP's parameter all-gathers (compute dtype); grad_bytes_per_param: the gradient
+    reduce-scatter and the replicas' all-reduce (reduce dtype); fedavg_bytes_per_param: FedAvg's exchange of
+    the stored parameters (and AdamW moments when those are averaged too). None = bytes_per_param.
+    """
     params: int
     layers: int
     bytes_per_param: int
+    grad_bytes_per_param: int | None = None
+    fedavg_bytes_per_param: int | None = None
 
     @property
     def bytes(self) -> int:
         return self.params * self.bytes_per_param
 
+    @property
+    def grad_bytes(self) -> int:
+        return self.params * (self.grad_bytes_per_param or self.bytes_per_param)
 
-def model_from_preset(preset_kwargs: dict, precision: str) -> Model:
-    """A Model from LlamaConfig kwargs; "bf16" and "paper" communicate in bf16 (2 bytes), the rest in fp32."""
+    @property
+    def fedavg_bytes(self) -> int:
+        return self.params * (self.fedavg_bytes_per_param or self.bytes_per_param)
+
+
+# (all-gather, gradient reduction, FedAvg) bytes per parameter, as train.parallelize and train.federated send them:
+# fp32 everywhere; bf16 = bf16 all-gathers over fp32 master weights with fp32 gradient reduction; paper = bf16
+# parameters, gradients and optimizer state (the authors' FSDP MixedPrecision reduces in bf16).
+WIRE_BYTES = {"fp32": (4, 4, 4), "bf16": (2, 4, 4), "paper": (2, 2, 2)}
+
+
+def model_from_preset(preset_kwargs: dict, precision: str, average_optimizer_state: bool = False) -> Model:
+    """A Model from LlamaConfig kwargs and the run's precision; averaging AdamW's two moments (stored like
+    the parameters) triples what FedAvg sends."""
     missing = [key for key in _LLAMA_KEYS if key not in preset_kwargs]
     if missing:
         raise ValueError(f"model preset lacks {', '.join(missing)}")
     params = llama_params(**{key: preset_kwargs[key] for key in _LLAMA_KEYS},
                           tie_word_embeddings=preset_kwargs.get("tie_word_embeddings", False))
-    return Model(params, preset_kwargs["num_hidden_layers"], 2 if precision in ("bf16", "paper") else 4)
+    gather, grad, fedavg = WIRE_BYTES[precision]
+    return Model(params, preset_kwargs["num_hidden_layers"], gather, grad,
+                 fedavg * (3 if average_optimizer_state else 1))
 
 
 def _bandwidth(key: str, value: float | None) -> float:
@@ -75,14 +101,14 @@ def _terms(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
     # F = 1 is accepted for the FL strategies on purpose (training forbids it): it is the no-federation limit.
     if federated and (A is None or A < 1):
         raise ValueError(f"A must be >= 1 for {strategy}, got {A!r}")
-    shard = 3 * (S - 1) / (S * _bandwidth("B_S", B_S)) if S > 1 else 0.0
+    shard = (S - 1) / (S * _bandwidth("B_S", B_S)) if S > 1 else 0.0
     replicate = 2 * (R - 1) / (R * _bandwidth("B_R", B_R)) if R > 1 else 0.0
     federation = 0.0
     if F > 1:
         broadcast = 1 / _bandwidth("B_R", B_R) if R > 1 else 0.0
         federation = (2 * (F - 1) / (F * _bandwidth("B_F", B_F)) + broadcast) / A
-    return {"shard": model.bytes * shard, "replicate": model.bytes * replicate,
-            "federation": model.bytes * federation}
+    return {"shard": (2 * model.bytes + model.grad_bytes) * shard, "replicate": model.grad_bytes * replicate,
+            "federation": model.fedavg_bytes * federation}
 
 
 def comm_time(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,

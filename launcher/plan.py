@@ -21,7 +21,8 @@ GB = 1e9
 def comm_model(run: Run) -> Model:
     """Bytes the cost model moves: the run's Llama shapes in its communication precision."""
     shapes = dict(run.spec.model)
-    return model_from_preset({**PRESETS.get(shapes.pop("preset", None), {}), **shapes}, run.spec.train.precision)
+    return model_from_preset({**PRESETS.get(shapes.pop("preset", None), {}), **shapes}, run.spec.train.precision,
+                             run.spec.train.average_optimizer_state)
 
 
 def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str]]:

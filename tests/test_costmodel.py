@@ -30,8 +30,12 @@ def test_tied_embeddings_drop_lm_head():
 def test_model_from_preset_ignores_other_keys_and_picks_comm_bytes():
     bf16 = model_from_preset(LLAMA3_8B, "paper")
     assert (bf16.params, bf16.layers, bf16.bytes) == (8_030_261_248, 32, 2 * 8_030_261_248)
-    assert model_from_preset(LLAMA3_8B, "bf16").bytes_per_param == 2
-    assert model_from_preset(LLAMA3_8B, "fp32").bytes_per_param == 4
+    mixed = model_from_preset(LLAMA3_8B, "bf16")  # bf16 all-gathers; fp32 gradients and master weights
+    assert (mixed.bytes, mixed.grad_bytes, mixed.fedavg_bytes) == (2 * mixed.params, 4 * mixed.params, 4 * mixed.params)
+    fp32 = model_from_preset(LLAMA3_8B, "fp32")
+    assert (fp32.bytes, fp32.grad_bytes, fp32.fedavg_bytes) == (4 * fp32.params,) * 3
+    assert (bf16.grad_bytes, bf16.fedavg_bytes) == (bf16.bytes, bf16.bytes)
+    assert model_from_preset(LLAMA3_8B, "paper", average_optimizer_state=True).fedavg_bytes == 3 * bf16.bytes
     with pytest.raises(ValueError, match="hidden_size"):
         model_from_preset({k: v for k, v in LLAMA3_8B.items() if k != "hidden_size"}, "fp32")
 
@@ -44,6 +48,15 @@ def test_model_from_preset_ignores_other_keys_and_picks_comm_bytes():
 ])
 def test_hand_computed(strategy, F, R, S, A, expected):
     assert comm_time(strategy, F, R, S, A, GB, **BW) == pytest.approx(expected, rel=1e-12)
+
+
+def test_each_collective_is_priced_at_its_own_bytes():
+    """bf16 all-gathers with fp32 gradient reduction and fp32 FedAvg: 2, 4, 4 bytes per parameter."""
+    mixed = Model(params=500_000_000, layers=10, bytes_per_param=2, grad_bytes_per_param=4, fedavg_bytes_per_param=4)
+    terms = predict("fl_hsdp", 8, 2, 4, 2, mixed, BW)["terms"]
+    P = 500_000_000
+    assert terms == pytest.approx({"shard": P * (2 * 2 + 4) * 3 / 4 / 1e11, "replicate": P * 4 * 2 * 1 / 2 / 1e10,
+                                   "federation": P * 4 * 0.5 * (2 * 7 / 8 / 1e9 + 1 / 1e10)}, rel=1e-12)
 
 
 def test_predict_splits_terms():
