@@ -121,3 +121,14 @@ def predict(strategy: str, F: int, R: int, S: int, A: int | None, model: Model, 
     """comm_time with its split by term, from {"B_S", "B_R", "B_F"} (absent = None), for reports."""
     terms = _terms(strategy, F, R, S, A, model, *(bandwidth.get(key) for key in ("B_S", "B_R", "B_F")))
     return {"predicted_comm_s": sum(terms.values()), "terms": terms}
+
+
+def checkpoint_bytes(params: int, F: int, precision: str, average_optimizer_state: bool = False,
+                     at_fedavg: bool = True) -> int:
+    """Bytes of one checkpoint (train.checkpoint): the stored parameters once, as FedAvg has just made the
+    groups equal, and AdamW's two moments (stored like the parameters) once per federation group unless they
+    are averaged too. A stop between two averagings (at_fedavg=False) stores the parameters per group as well.
+    Parameters are stored in fp32 except under `paper` (bf16); RNG, schedule and step counters add a few KB."""
+    stored = 2 if precision == "paper" else 4
+    moments = 1 if average_optimizer_state else F
+    return params * stored * ((1 if at_fedavg else F) + 2 * moments)

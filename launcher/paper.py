@@ -6,7 +6,8 @@ PAPER_A = 8
 NAMES = {"fsdp": "FSDP", "hsdp": "HSDP", "fl_fsdp": "FL+FSDP", "fl_hsdp": "FL+HSDP"}
 LAYOUTS = {"fsdp": (1, 1, 512), "hsdp": (1, 128, 4), "fl_fsdp": (128, 1, 4), "fl_hsdp": (16, 8, 4)}  # (F, R, S)
 
-# Seconds and perplexities; phases are per-step means, aggregation is (mean, std) over FedAvg events.
+# Seconds and perplexities; phases are per-step means, aggregation too: (mean, std) over all steps, most
+# of which do not average (about 1/A of an event: ~1.36 s per FedAvg for FL+FSDP at A = 8).
 # "≈" values are taken at face value; HSDP backward is the paper's derived 0.89 × 1.61; None = not published.
 TABLES = {
     "fsdp": {"train_time_s": 770.54, "train_ppl": 496.00, "eval_ppl": 486.64,

@@ -29,18 +29,19 @@ def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tm
 
     spec = _spec(tmp_path, "killed")
     run_dir = tmp_path / "killed"
+    # Checkpoints asked for every 20 steps are taken at the next FedAvg (A=3): steps 21, 42, 60, ...
     # Rank 1 dies by SIGKILL halfway through writing the step-60 checkpoint; torchrun ends the others.
     first = _torchrun(spec, entry=["tests.crash_in_checkpoint", str(EVERY * 3), "1"])
     assert first.wait(timeout=600) != 0
     assert not (run_dir / "result.json").exists()
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == \
-        [".step-000060.tmp", "step-000020", "step-000040"]  # the interrupted write was never published
+        [".step-000060.tmp", "step-000021", "step-000042"]  # the interrupted write was never published
     assert len(losses(run_dir)) == EVERY * 3
 
     second = _torchrun(spec)
     assert second.wait(timeout=600) == 0, second.stderr.read()[-2000:]
     result = json.loads((run_dir / "result.json").read_text())
-    assert result["resumed_from_step"] == EVERY * 2  # the previous checkpoint loaded
+    assert result["resumed_from_step"] == 42  # the previous checkpoint loaded
     assert losses(run_dir) == losses(tmp_path / "reference")  # bitwise: same losses, same FedAvg steps
     assert result["aggregations"] == json.loads((tmp_path / "reference" / "result.json").read_text())["aggregations"]
 
@@ -85,3 +86,34 @@ def test_alignment_guard_runs_again_before_the_first_average_after_resume(tmp_pa
     for before, after in run_ranks(_guard_calls_around_resume, 2, str(tmp_path)):
         assert before == [True]   # a fresh run checks layouts and initial contents once, at start
         assert after == [False]   # a resumed one checks layouts once, at its first FedAvg (step 4), not again
+
+
+SLOW_SAVE_S = 2.0
+
+
+def _run_with_slow_checkpoints(rank: int, world: int, out_dir: str) -> dict:
+    import time
+
+    import train.checkpoint as checkpoint
+    from train.loop import Trainer
+    from train.spec import RunSpec
+
+    real_save = checkpoint.save
+    checkpoint.save = lambda trainer, steps_done: (time.sleep(SLOW_SAVE_S), real_save(trainer, steps_done))[1]
+    spec = RunSpec.from_dict({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 2, "out_dir": out_dir,
+                              "train": {"steps": 8, "seq_len": 16, "checkpoint_every": 1, "log_every": 1}})
+    trainer = Trainer(spec, rank, "cpu", out_dir=Path(out_dir))
+    result = trainer.run("gloo")
+    return {**result, "step_times": [r["step_time"] for r in trainer.log.rows]}
+
+
+def test_checkpoint_time_is_kept_out_of_training_time(tmp_path):
+    """Checkpoints (asked for every step, taken at each FedAvg: steps 2, 4, 6) each take >= 2 s longer than
+    usual; training time must not grow by them. The margin (half the injected 6 s) is not a speed target."""
+    from tests.distributed import run_ranks
+
+    result = run_ranks(_run_with_slow_checkpoints, 2, str(tmp_path))[0]
+    assert result["checkpoints"] == 3
+    assert result["checkpoint_s"] >= 3 * SLOW_SAVE_S
+    assert result["train_time_s"] < sum(result["step_times"]) + 3 * SLOW_SAVE_S / 2
+    assert result["logging_s"] > 0  # metrics flushed every step, timed apart too

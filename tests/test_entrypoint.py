@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import submitit
 
 from train.__main__ import TrainJob
@@ -34,6 +35,14 @@ def _check_result(run_dir: Path, world: int, steps: int, aggregations: int):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert sum(r["aggregated"] for r in rows) == steps // result["A"]  # plus the final average
+    # Phases per step over the same steps, the first (warm-up) left out; aggregation per FedAvg event apart.
+    timed = rows[1:]
+    for name, stats in result["phases"].items():
+        assert stats["n"] == len(timed)
+        assert stats["mean"] == pytest.approx(sum(r[name] for r in timed) / len(timed), rel=1e-9)
+    events = [r["aggregation"] for r in timed if r["aggregated"]]
+    assert result["aggregation_event"]["n"] == len(events)
+    assert result["aggregation_event"]["mean"] == pytest.approx(sum(events) / len(events), rel=1e-9)
     return result
 
 

@@ -23,7 +23,8 @@ def result(run_id, strategy, F, R, S, A, time, eval_ppl, fwd=1.0, agg=None, worl
          "tokens_per_s_per_device": 1024 / time / world, "train_ppl": eval_ppl * 1.1, "eval_ppl": eval_ppl,
          "eval_time_s": 0.5, "floor_ppl": floor,
          "phases": {"forward": phase(fwd), "backward": phase(2.0), "optimizer": phase(0.25),
-                    "aggregation": phase(agg, 0.1, 2) if agg is not None else phase(None, None, 0)},
+                    "aggregation": phase(agg / A if agg is not None else 0.0, 0.05)},  # per step, as the paper
+         "aggregation_event": phase(agg, 0.1, 2) if agg is not None else phase(None, None, 0),
          "aggregations": 2 if agg is not None else 0, "timing": "phases", "precision": "fp32", "params": params,
          "peak_memory_bytes": 10**6, "mfu": None, "device": "cpu", "backend": "gloo", "data": {"kind": "markov"},
          "ranks": [{"rank": 0, "host": "h", "topology_addr": None}]}
@@ -74,10 +75,10 @@ def test_load_sorts_by_run_id_and_group_merges_repeats(tmp_path):
     assert rep["tokens_per_s"] == pytest.approx((1024 / 12 + 1024 / 13) / 2)
     assert rep["F"] == 2 and isinstance(rep["F"], int) and rep["A"] == 4
     assert rep["phases"]["forward"] == {"mean": 2.0, "std": pytest.approx(1.0), "n": 8}  # pooled: 4×1.0 and 4×3.0
-    assert rep["phases"]["aggregation"]["n"] == 4
+    assert rep["phases"]["aggregation"]["n"] == 8 and rep["aggregation_event"]["n"] == 4
     single = merged["hsdp-F1-R2-S2"]
     assert single["repeats"] == 1 and single["train_time_s_std"] is None
-    assert single["phases"]["aggregation"] == {"mean": None, "std": None, "n": 0}
+    assert single["aggregation_event"] == {"mean": None, "std": None, "n": 0}
     assert group_repeats(group_repeats(results)) == group_repeats(results)
 
 
@@ -111,10 +112,12 @@ def test_table4_mean_std_cells_and_split_csv(tmp_path):
     t = table4(load_results(write_sweep(tmp_path, SWEEP)))
     md = t.to_markdown()
     assert "| 2.00 ± 1.00 |" in md  # pooled forward of the repeats
-    assert "| 0.30 ± 0.10 | 2 |" in md  # FL+HSDP aggregation, FedAvg events
+    assert "| 0.04 ± 0.05 | 0.30 ± 0.10 | 2 |" in md  # FL+HSDP aggregation per step (0.3/8), per FedAvg, events
     rows = csv_rows(t)
     assert float(rows[2]["Forward (s) mean"]) == 2.0 and float(rows[2]["Forward (s) std"]) == pytest.approx(1.0)
-    assert rows[0]["Aggregation (s) mean"] == "" and rows[0]["Aggregation (s) std"] == "" and rows[0]["FedAvg events"] == "0"
+    assert float(rows[0]["Aggregation per step (s) mean"]) == 0.0 and rows[0]["FedAvg events"] == "0"
+    assert rows[0]["Aggregation per FedAvg (s) mean"] == "" and rows[0]["Aggregation per FedAvg (s) std"] == ""
+    assert float(rows[-1]["Aggregation per step (s) mean"]) == 0.3 / 8
     assert not any(c.startswith("Paper") for c in t.columns)
 
 
@@ -139,7 +142,7 @@ def test_paper_columns_only_for_paper_layouts(tmp_path):
     assert column(t3, "Paper eval PPL") == [486.64, None, 255.81] and "PPL floor" not in t3.columns
     assert column(t3, "× faster than FSDP") == [1.0, 700.0 / 90.0, 7.0]
     t4 = table4(paper)
-    assert column(t4, "Paper aggregation (s)") == [None, None, (0.14, 0.54)]
+    assert column(t4, "Paper aggregation per step (s)") == [None, None, (0.14, 0.54)]
     assert column(t4, "Paper backward (s)") == [7.50, None, None]
     assert "| 0.14 ± 0.54 |" in t4.to_markdown()
     assert "Paper time (s)" not in table3(SWEEP).columns

@@ -7,6 +7,7 @@ import os
 import shutil
 import socket
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -44,12 +45,15 @@ class Trainer:
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
         self.aggregations = 0
         self.start_step = 0
+        self.apart = {"checkpoint": 0.0, "logging": 0.0}  # seconds spent outside the training time
+        self.checkpoints = 0
         self.watchdog = None
         if watchdog_tag is not None:
             self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s)
         resume_from = checkpoint.latest(out_dir) if out_dir is not None else None
         if resume_from is not None:
-            meta = checkpoint.load(self, resume_from)
+            with self._timed_apart("checkpoint"):
+                meta = checkpoint.load(self, resume_from)
             self.start_step, self.aggregations = meta["step"], meta["aggregations"]
             self.log.resume(self.start_step)
             # Groups legitimately differ now: the guard re-checks layouts (not contents) before the next FedAvg.
@@ -105,8 +109,21 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.enter(phase, step)
 
+    @contextmanager
+    def _timed_apart(self, what: str):
+        """Time `what` (checkpoint or logging I/O) apart from training: the training clock, which gives
+        train_time_s and each step's elapsed_s, is moved forward past it."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - started
+            self.apart[what] += spent
+            self.log.start += spent
+
     def train(self) -> float:
-        """All steps; returns wall time. Progress goes to rank 0's stdout every log_every steps."""
+        """All steps; returns the training time: wall time less checkpoints and logging (timed apart).
+        Progress goes to rank 0's stdout every log_every steps."""
         stop = StopRequest(self.device, self.cfg.stop_check_every)
         try:
             return self._train(stop)
@@ -115,23 +132,26 @@ class Trainer:
 
     def _train(self, stop: StopRequest) -> float:
         dist.barrier()
-        start = self.log.start = time.perf_counter()
+        self.log.start = time.perf_counter()
         for i in range(self.start_step, self.cfg.steps):
             self.step(i)
             done = i + 1
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
             stopping = done < self.cfg.steps and stop.agreed(done)
-            save = done < self.cfg.steps and (stopping or self.cfg.checkpoint_every
-                                              and done % self.cfg.checkpoint_every == 0)
+            save = done < self.cfg.steps and (stopping or checkpoint.due(done, self.cfg.checkpoint_every,
+                                                                         self.spec.A if self.fedavg else None))
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
-                self.log.flush()
-            if report and self.rank == 0:
-                r = self.log.rows[-1]
-                print(f"[{self.spec.run_id}] step {r['step']}/{self.cfg.steps} loss {r['loss']:.4f} "
-                      f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
+                with self._timed_apart("logging"):
+                    self.log.flush()
+                    if report and self.rank == 0:
+                        r = self.log.rows[-1]
+                        print(f"[{self.spec.run_id}] step {r['step']}/{self.cfg.steps} loss {r['loss']:.4f} "
+                              f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
             if save:
                 self._enter("checkpoint", i)
-                checkpoint.save(self, done)
+                with self._timed_apart("checkpoint"):
+                    checkpoint.save(self, done)
+                self.checkpoints += 1
             if stopping:
                 if self.watchdog is not None:
                     self.watchdog.close()  # waiting for the requeue is not a hang
@@ -142,7 +162,7 @@ class Trainer:
         if self.device == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
-        return time.perf_counter() - start
+        return time.perf_counter() - self.log.start
 
     @torch.no_grad()
     def evaluate(self) -> tuple[float, float]:
@@ -195,9 +215,11 @@ class Trainer:
             "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / self.world,
             "train_ppl": math.exp(min(700.0, train_loss)), "eval_ppl": eval_ppl, "eval_time_s": eval_time,
             "floor_ppl": self.source.floor_ppl, "phases": self.log.phase_stats(),
+            "aggregation_event": self.log.aggregation_event_stats(),
             "aggregations": self.aggregations, "timing": cfg.timing, "precision": cfg.precision,
             "params": n_params, "peak_memory_bytes": peak, "mfu": mfu, "device": self.device, "backend": backend,
             "data": self.source.describe(), "ranks": ranks, "resumed_from_step": self.start_step,
+            "checkpoint_s": self.apart["checkpoint"], "checkpoints": self.checkpoints, "logging_s": self.apart["logging"],
         }
 
 

@@ -85,17 +85,19 @@ class StepLog:
                 fh.writelines(json.dumps(r) + "\n" for r in new)
         return new
 
-    def phase_stats(self) -> dict:
-        """Mean and std per phase; the first step (warm-up) is left out when there are others.
+    def _timed_rows(self) -> list[dict]:
+        """The steps phase statistics cover: all but the first (warm-up) when there are others."""
+        return self.rows[1:] if len(self.rows) > 1 else self.rows
 
-        Aggregation is summarised over the steps that averaged (the FedAvg events) only.
-        """
-        rows = self.rows[1:] if len(self.rows) > 1 else self.rows
-        stats = {}
-        for phase in PHASES:
-            pick = [r for r in rows if r["aggregated"]] if phase == "aggregation" else rows
-            stats[phase] = mean_std([r[phase] for r in pick])
-        return stats
+    def phase_stats(self) -> dict:
+        """Mean and std per phase over the same steps, as the paper reports them: aggregation is a mean over
+        every step, most of which do not average (about 1/A of a FedAvg event's time)."""
+        rows = self._timed_rows()
+        return {phase: mean_std([r[phase] for r in rows]) for phase in PHASES}
+
+    def aggregation_event_stats(self) -> dict:
+        """Mean and std of the aggregation phase over the steps that averaged (the FedAvg events) only."""
+        return mean_std([r["aggregation"] for r in self._timed_rows() if r["aggregated"]])
 
     def final_loss(self, window: int) -> float:
         tail = self.rows[-window:]
