@@ -1,7 +1,7 @@
 """SLURM hostlist expressions, expanded and compressed exactly as SLURM 22.05 does.
 
 `expand` follows src/common/hostlist.c of 22.05 (checked against real `scontrol show
-hostnames` output in shared/fixtures/hostlist_cases.tsv):
+hostnames` output in tests/fixtures/hostlist_cases.tsv):
 
 * the width of a range is the length of its start: ``n[9-11]`` -> n9 n10 n11,
   ``n[09-11]`` -> n09 n10 n11;

@@ -7,7 +7,7 @@ from train.presets import PRESETS
 from train.spec import write_atomic
 
 from . import allocate, planner, topology
-from .costmodel import Model, model_from_preset, predict
+from .costmodel import Model, checkpoint_bytes, model_from_preset, predict
 from .errors import ConfigError
 from .secrets import redact, redacted
 from .settings import Settings
@@ -60,7 +60,9 @@ def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[st
         "note": run.note, "nodes": placement.nodes, "hostfile": placement.hosts,
         "coords": [list(c) for c in placement.coords], "bandwidth": placement.bandwidth,
         "group_levels": placement.group_levels, "hierarchy_ok": placement.hierarchy_ok,
-        "predicted_comm_s": predicted, "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
+        "predicted_comm_s": predicted,
+        "checkpoint_bytes": checkpoint_bytes(model.params, spec.F, spec.train.precision,
+                                             spec.train.average_optimizer_state), "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
         else None, "resources": redacted(resources(cluster, run)),
         "sbatch": "\n".join(map(redact, sbatch_text(cluster, run, folder).split("\n")))
         if cluster.executor == "slurm" else None,
@@ -87,12 +89,13 @@ def plan(settings: Settings, runs: list[Run] | None = None, echo: bool = True) -
     if not echo:
         return entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
-    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  vs FSDP")
+    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  vs FSDP  checkpoint")
     for e in entries:
         bw = "/".join(_gbps(e["bandwidth"][k]) for k in ("B_S", "B_R", "B_F"))
         ratio = f"{e['predicted_ratio_to_fsdp']:.3f}" if e["predicted_ratio_to_fsdp"] is not None else "-"
         print(f"  {e['run_id']:<28} {e['world_size']:>5} {len(e['nodes']):>5}  {bw:<20} "
-              f"{'ok' if e['hierarchy_ok'] else 'BROKEN':<6} {e['predicted_comm_s']:>8.3g}s  {ratio:>7}"
+              f"{'ok' if e['hierarchy_ok'] else 'BROKEN':<6} {e['predicted_comm_s']:>8.3g}s  {ratio:>7}  "
+              f"{e['checkpoint_bytes'] / GB:>7.3g} GB"
               + (f"  {e['note']}" if e["note"] else ""))
     print(f"cheapest layouts on {widest.nodes} nodes (predicted communication per step):")
     for row in ranking[:5]:

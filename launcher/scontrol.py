@@ -1,6 +1,6 @@
 """The one place that runs `scontrol`, and parsers for the text it prints.
 
-Parsers are written against captures from SLURM 22.05.8 (shared/fixtures) and the
+Parsers are written against captures from SLURM 22.05.8 (tests/fixtures) and the
 formats of later releases (block topology from 23.11, aggregated blocks from 24.11).
 Unknown fields are kept, because every SLURM release adds some; anything that cannot
 be read raises ParseError naming the line, so a placement is never built on a guess.
@@ -120,6 +120,12 @@ def job_state(job_id: str, timeout_s: float = 20) -> str | None:
     except ConfigError:  # unknown job id, or scontrol missing / not answering
         return None
     return fields.get("JobState")
+
+
+def cluster_name() -> str | None:
+    """ClusterName of the SLURM controller this machine's scontrol talks to."""
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", run_scontrol(["show", "config"]), re.M)
+    return found.group(1) if found else None
 
 
 def accounting_enabled() -> bool:

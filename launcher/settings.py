@@ -36,6 +36,8 @@ class Cluster:
     setup: list[str] = field(default_factory=list)  # one command each, its words passed literally (see validate)
     sbatch_extra: dict = field(default_factory=dict)
     snapshot: str | None = None
+    topology: str = "auto"        # auto: live scontrol only when its ClusterName is slurm_name | live | ideal
+    slurm_name: str | None = None  # SLURM's ClusterName of this cluster (default: name)
     bandwidth_GBps: list[float] = field(default_factory=list)
     nodes_per_level: list[int] = field(default_factory=list)
     placement: str = "in_job"
@@ -71,6 +73,8 @@ class Cluster:
                 raise ConfigError(f"cluster.sbatch_extra.{key} must be a single value, got {redact(repr(value))}")
         commands = [_one_command(line, f"cluster.setup[{i}]") for i, line in enumerate(self.setup)]
         self.setup = [command for command in commands if command]
+        if self.topology not in ("auto", "live", "ideal"):
+            raise ConfigError(f"cluster.topology must be auto, live or ideal, got {self.topology!r}")
         if self.placement not in ("in_job", "pinned"):
             raise ConfigError(f"cluster.placement must be in_job or pinned, got {self.placement!r}")
         if self.executor == "slurm" and not self.partition:

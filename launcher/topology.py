@@ -185,18 +185,51 @@ def ideal(n_nodes: int, nodes_per_level: list[int]) -> Topology:
 def load(cluster) -> tuple[Topology, str, bool]:
     """The cluster's topology with bandwidth attached, where it came from, and whether it is the real one.
 
-    local: an ideal tree of virtual nodes. SLURM: the snapshot directory when set, else live
-    scontrol; without either, an ideal tree from cluster.nodes_per_level (said in the note).
+    local: an ideal tree of virtual nodes. SLURM: the snapshot directory when set; else live scontrol when
+    it speaks for this cluster (`live_source`); else an ideal tree from cluster.nodes_per_level, saying why.
     """
     from . import scontrol
 
-    if cluster.executor == "slurm" and (cluster.snapshot or _has_scontrol()):
-        source = f"snapshot {cluster.snapshot}" if cluster.snapshot else "scontrol"
-        topo, real = build(scontrol.topology_text(cluster.snapshot), scontrol.nodes_text(cluster.snapshot)), True
+    if cluster.executor == "slurm" and cluster.snapshot:
+        source, live = f"snapshot {cluster.snapshot}", True
+    elif cluster.executor == "slurm":
+        live, source = live_source(cluster)
     else:
-        source = "ideal tree (cluster.nodes_per_level)" if cluster.executor == "slurm" else "virtual nodes"
-        topo, real = ideal(cluster.nodes, cluster.nodes_per_level), False
-    return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), source, real
+        source, live = "virtual nodes", False
+    if live:
+        topo = build(scontrol.topology_text(cluster.snapshot), scontrol.nodes_text(cluster.snapshot))
+    else:
+        topo = ideal(cluster.nodes, cluster.nodes_per_level)
+    return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), source, live
+
+
+def live_source(cluster) -> tuple[bool, str]:
+    """Whether this machine's scontrol describes `cluster`, and the plan's words for the source.
+
+    Planning Leonardo from another cluster's login node must not place its runs on that cluster's nodes,
+    nor fail on a machine with SLURM's client and no controller: with cluster.topology=auto scontrol is
+    read only when its ClusterName is cluster.slurm_name (default: cluster.name); `live` always reads
+    it (failures are errors), `ideal` never does.
+    """
+    from . import scontrol
+    from .errors import ConfigError
+
+    ideal_tree = "ideal tree (cluster.nodes_per_level)"
+    if cluster.topology == "live":
+        return True, "live scontrol (cluster.topology=live)"
+    if cluster.topology == "ideal":
+        return False, f"{ideal_tree}: cluster.topology=ideal"
+    if not _has_scontrol():
+        return False, f"{ideal_tree}: no scontrol on PATH"
+    try:
+        name = scontrol.cluster_name()
+    except ConfigError as e:
+        return False, f"{ideal_tree}: no SLURM controller answered ({e})"
+    expected = cluster.slurm_name or cluster.name
+    if name != expected:
+        return False, (f"{ideal_tree}: this machine's SLURM is cluster {name!r}, not {expected!r} "
+                       f"(cluster.topology=live reads it anyway)")
+    return True, f"live scontrol of cluster {name!r}"
 
 
 def _has_scontrol() -> bool:

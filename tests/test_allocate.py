@@ -9,7 +9,7 @@ from launcher import allocate, topology
 from launcher.errors import ConfigError
 from launcher.scontrol import Node, Switch
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "slurm-22.05.8"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05.8"
 BW = [240e9, 25e9, 12.5e9, 6e9]
 
 

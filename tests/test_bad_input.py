@@ -21,7 +21,7 @@ import pytest
 
 from tests.support import PYTHON_ONLY, ROOT
 
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "slurm-22.05.8"
+FIXTURES = ROOT / "tests" / "fixtures" / "slurm-22.05.8"
 
 
 def _fixture(name: str) -> str:
@@ -267,9 +267,11 @@ CASES = [
     ("no-srun", launcher("cluster=leonardo"), "`srun` is not on PATH", tools(sbatch="")),
     ("no-scontrol", launcher("cluster=leonardo", "cluster.placement=pinned", "action=plan"),
      "cluster.placement=pinned needs the real topology", None),
-    ("scontrol-fails", launcher("cluster=leonardo", "action=plan"),
+    ("scontrol-fails", launcher("cluster=leonardo", "cluster.topology=live", "action=plan"),
      "scontrol show topology failed with exit code 1: slurm_load_topo error: Unable to contact slurm controller",
      tools(scontrol=FAIL_SCONTROL)),
+    ("topology-mode", launcher("cluster=leonardo", "cluster.topology=guess", "action=plan"),
+     "cluster.topology must be auto, live or ideal, got 'guess'", None),
     ("no-free-nodes", launcher(*SNAP, "cluster.placement=pinned"), "needs 2 nodes of 4 GPUs but only 0 are usable",
      snapshot(nodes=states("ALLOCATED"))),
     ("all-nodes-down", launcher(*SNAP), "needs 2 nodes of 4 GPUs but only 0 are usable",

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from launcher.errors import ConfigError
 from launcher.hostlist import ParseError, compress, expand
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _cases():

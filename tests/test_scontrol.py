@@ -10,7 +10,7 @@ from launcher.scontrol import (Block, ParseError, Switch, nodes_text, parse_key_
                                parse_topology, parse_topology_block, parse_topology_tree, run_scontrol,
                                topology_text)
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SLURM = FIXTURES / "slurm-22.05.8"
 MULTI_LINE = ["show_node_lrdn0001.txt", "show_node_lrdn0002.txt", "show_node_lrdn0015_down.txt",
               "show_node_lrdn0016_drain.txt"]
