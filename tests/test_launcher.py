@@ -51,6 +51,16 @@ def test_leonardo_paper_table3_plan_is_the_papers_four_runs(tmp_path):
     assert len(costs) > 4 and costs == sorted(costs)
 
 
+def test_paper_preset_trains_the_authors_tokens_with_whole_fedavg_periods():
+    """64 steps x 512 GPUs x 2 x 2048 tokens: the authors' one epoch of 65,536 sequences, a multiple of A = 8."""
+    settings = compose(["sweep=paper_table3", "cluster=leonardo"])
+    train = settings.train
+    world = settings.cluster.nodes * settings.cluster.gpus_per_node
+    assert world * train["batch_per_rank"] == 1024 and train["steps"] * world * train["batch_per_rank"] == 65_536
+    assert all(train["steps"] % A == 0 for A in settings.sweep.A)
+    assert train["checkpoint_every"] % 8 == 0 and train["steps"] * 1024 * train["seq_len"] == 134_217_728
+
+
 def test_sbatch_text_matches_golden_file(tmp_path):
     assert _launcher("sweep=paper_table3", "cluster=leonardo", "action=plan", f"results_dir={tmp_path}",
                      "cluster.account=my_account").returncode == 0
