@@ -2,20 +2,20 @@
 
 Every A optimizer steps each rank averages its parameter shards with the same
 shard in the other F-1 groups. The shards are packed into flat buffers (chunked,
-so an 8B model never needs a second full copy) and averaged in three moves:
+so an 8B model never needs a second full copy); the sum always accumulates in fp32:
 
-1. all_to_all: piece j of every group's buffer goes to group j (wire: parameter dtype);
-2. each group sums the F copies of its piece in float64 and divides by F, rounding
-   once to the parameter dtype;
-3. all_gather of the averaged pieces (wire: parameter dtype).
+- fp32 tensors: all_reduce SUM over the fed group, divided by F while being copied
+  back (gloo has no AVG/PREMUL_SUM);
+- bf16 (16-bit) tensors travel as bf16 but are never added in bf16 (a bf16 ring sum of
+  128 models changes nearly every weight by ~6 % RMS): all_to_all sends piece j of
+  every group's buffer to group j, which sums the F copies in fp32, divides by F and
+  rounds once to bf16; an all_gather returns the averaged pieces. That sends 2(F-1)/F
+  of the buffer per rank, the bytes of a bf16 ring all_reduce, and averaging F
+  identical models changes no bit (F copies of an 8-bit significand sum exactly in
+  fp32's 24 bits for F <= 65536). Every group receives the same rounding.
 
-This sends 2(F-1)/F of the buffer per rank, the bytes of a ring all_reduce in the
-parameter dtype, but never adds in bf16: a bf16 ring sum of 128 models changes
-nearly every weight by ~6 % RMS, while here averaging identical models is exact
-(F copies of a 24-bit mantissa sum exactly in float64's 53 bits) whatever F and
-the parameter dtype, and every group gets the same rounding of the same sum.
 FL+HSDP: only replica 0 of each group averages across groups, then broadcasts the
-average over its replicate group, so replicas stay bit-identical.
+result over its replicate group, so replicas stay bit-identical.
 """
 from __future__ import annotations
 
@@ -75,17 +75,24 @@ class FedAvg:
                 sizes = [t.numel() for t in chunk]
                 flat, received = self._buffers(chunk)
                 torch.cat([t.reshape(-1) for t in chunk], out=flat[:sum(sizes)])
+                summed = flat.element_size() >= 4  # fp32: flat holds the sum, divided while copied back
                 if self.replica == 0:
-                    self._mean_across_groups(flat, received)
+                    self._reduce_across_groups(flat, received, summed)
                 if self.replicated:
                     dist.broadcast(flat, group=self.rep_group, group_src=0)
-                for t, mean in zip(chunk, flat[:sum(sizes)].split(sizes)):
-                    t.copy_(mean.view_as(t))
+                for t, value in zip(chunk, flat[:sum(sizes)].split(sizes)):
+                    if summed:
+                        torch.div(value.view_as(t), self.F, out=t)  # one pass
+                    else:
+                        t.copy_(value.view_as(t))
 
-    def _mean_across_groups(self, flat: torch.Tensor, received: torch.Tensor) -> None:
-        """flat <- the mean of flat over the fed group, summed in float64 (see the module docstring)."""
+    def _reduce_across_groups(self, flat: torch.Tensor, received: torch.Tensor, summed: bool) -> None:
+        """flat <- its sum over the fed group (fp32) or its mean, summed in fp32 (16-bit; module docstring)."""
+        if summed:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.fed_group)
+            return
         dist.all_to_all_single(received, flat, group=self.fed_group)
-        mine = received.view(self.F, -1).sum(dim=0, dtype=torch.float64).div_(self.F).to(flat.dtype)
+        mine = received.view(self.F, -1).sum(dim=0, dtype=torch.float32).div_(self.F).to(flat.dtype)
         _all_gather(flat, mine, group=self.fed_group)
 
     def _buffers(self, chunk: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
