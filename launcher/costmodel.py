@@ -10,8 +10,9 @@ prices them all; the strategy only decides which of three terms exist:
 
 each multiplied by M*L = the model's bytes as each collective sends them (`Model`): the shard term is
 P*(2*b_gather + b_grad)*(S-1)/(S*B_S), the replicate term P*b_grad*..., the federation term P*b_fedavg*...;
-with one dtype throughout these are the paper's 3*M*L, 2*M*L, M*L. A group of size 1 sends nothing, so its term is 0 and its
-bandwidth may be None; that includes the broadcast when R = 1, and the whole federation term when F = 1.
+with one dtype throughout these are the paper's 3*M*L, 2*M*L, M*L. A group of size 1 sends nothing, so its
+term is 0 and its bandwidth may be None; that includes the broadcast when R = 1, and the whole federation
+term when F = 1.
 """
 from __future__ import annotations
 

@@ -60,10 +60,11 @@ def entry(settings: Settings, run: Run, topo: topology.Topology, usable: list[st
         "note": run.note, "nodes": placement.nodes, "hostfile": placement.hosts,
         "coords": [list(c) for c in placement.coords], "bandwidth": placement.bandwidth,
         "group_levels": placement.group_levels, "hierarchy_ok": placement.hierarchy_ok,
-        "predicted_comm_s": predicted,
+        "predicted_comm_s": predicted, "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
+        else None,
         "checkpoint_bytes": checkpoint_bytes(model.params, spec.F, spec.train.precision,
-                                             spec.train.average_optimizer_state), "predicted_ratio_to_fsdp": predicted / fsdp_s[run.nodes] if fsdp_s[run.nodes]
-        else None, "resources": redacted(resources(cluster, run)),
+                                             spec.train.average_optimizer_state),
+        "resources": redacted(resources(cluster, run)),
         "sbatch": "\n".join(map(redact, sbatch_text(cluster, run, folder).split("\n")))
         if cluster.executor == "slurm" else None,
     }

@@ -6,7 +6,8 @@ same parameters, so they are stored once (DCP keeps one copy of each shard). Wha
 group is stored per group: AdamW's moments (unless `average_optimizer_state` averages them too) and each
 rank's RNG. Periodic checkpoints are therefore taken at FedAvg steps: the one requested at step k is
 taken at the first FedAvg at or after k (`due`). Only a stop signal between two averagings, which cannot
-wait, stores the parameters per group as well (meta.json says which). Sizes: `launcher.costmodel.checkpoint_bytes`.
+wait, stores the parameters per group as well (meta.json says which). Sizes:
+`launcher.costmodel.checkpoint_bytes`.
 
 A checkpoint is written into `.step-NNNNNN.tmp/` and published by renaming it to `step-NNNNNN/`
 after every rank has written and rank 0 has added meta.json, so a crash while saving leaves
