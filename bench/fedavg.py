@@ -16,8 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_ranks
 from train.federated import FedAvg
+from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

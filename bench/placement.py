@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from launcher import allocate, topology
-from launcher.hostlist import compress
+from launcher.placement import allocate, topology
+from launcher.slurm.hostlist import compress
 
 LEAF, CELL, G = 32, 16, 4
 TARGETS = {10_000: 1.0, 100_000: 10.0}
@@ -20,7 +20,7 @@ TARGETS = {10_000: 1.0, 100_000: 10.0}
 def texts(n: int) -> tuple[str, str]:
     names = [f"n{i:06d}" for i in range(n)]
     leaves = [names[i:i + LEAF] for i in range(0, n, LEAF)]
-    lines = [f"SwitchName=leaf{j} Level=0 LinkSpeed=1 Nodes={compress(l)}" for j, l in enumerate(leaves)]
+    lines = [f"SwitchName=leaf{j} Level=0 LinkSpeed=1 Nodes={compress(leaf)}" for j, leaf in enumerate(leaves)]
     cells = [list(range(j, min(j + CELL, len(leaves)))) for j in range(0, len(leaves), CELL)]
     for c, members in enumerate(cells):
         nodes = [x for j in members for x in leaves[j]]

@@ -25,10 +25,10 @@ def worker(size_mb: int, repeats: int, run_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from train import dist as dist_env
+    from train import launch_env
 
-    env = dist_env.detect()
-    dist_env.init(env, "cpu", "gloo", Path(run_dir), 120)
+    env = launch_env.detect()
+    launch_env.init(env, "cpu", "gloo", Path(run_dir), 120)
     buf = torch.ones(size_mb * 2**20 // 4)
     times = []
     for _ in range(repeats + 1):
@@ -60,7 +60,7 @@ def main() -> None:
                                   sys.executable, "-m", "bench.testbed_links", "--worker", run_dir,
                                   "--size-mb", str(args.size_mb), "--repeats", str(args.repeats)],
                                  capture_output=True, text=True, timeout=600)
-        line = [l for l in out.stdout.splitlines() if l.startswith("BUSBW")]
+        line = [text for text in out.stdout.splitlines() if text.startswith("BUSBW")]
         if not line:
             raise SystemExit(f"{level}: no measurement ({out.stderr.strip()[-300:]})")
         rates[level] = float(line[0].split()[1])

@@ -15,9 +15,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from tests.distributed import run_ranks
-from train import mesh as meshes, model as models, optim, parallelize
+from train import mesh as meshes
+from train import model as models
+from train import optim, parallelize
 from train.data import build_source
+from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

@@ -1,1 +1,1 @@
-"""Launcher side of fedshard: reports that set sweep results beside the paper's."""
+"""The launcher pipeline, in order: settings (config) -> sweep -> plan (placement) -> run (submit, wait) -> report."""

@@ -10,21 +10,22 @@ def main(argv: list[str]) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip() + "\nConfig groups live in conf/: cluster, sweep, model, train, data.")
         return 0
-    from .settings import compose
+    from launcher.settings import compose
 
     try:
         settings = compose(argv)
         if settings.action == "plan":
-            from .plan import plan
+            from launcher.plan import plan
 
             plan(settings)
             return 0
         if settings.action == "report":
-            from . import report
+            from launcher.report.results import load_results
+            from launcher.report.write import write_report
 
-            print(report.write_report(settings.sweep_dir, report.load_results(settings.sweep_dir)))
+            print(write_report(settings.sweep_dir, load_results(settings.sweep_dir)))
             return 0
-        from .run import run_sweep
+        from launcher.run import run_sweep
 
         return run_sweep(settings)
     except (FedshardError, ValueError) as exc:

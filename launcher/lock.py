@@ -5,7 +5,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from .errors import SubmitError
+from launcher.errors import SubmitError
 
 
 class SweepLock:

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import json
 
+from launcher.errors import ConfigError
+from launcher.placement import allocate, topology
+from launcher.placement import ranking as planner
+from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
+from launcher.secrets import redact, redacted
+from launcher.settings import Settings
+from launcher.slurm.submit import attempt_folder, require_netns, resources, sbatch_text
+from launcher.store import Store
+from launcher.sweep import Run, expand
 from train.presets import PRESETS
 from train.spec import write_atomic
-
-from . import allocate, planner, topology
-from .costmodel import Model, checkpoint_bytes, model_from_preset, predict
-from .errors import ConfigError
-from .secrets import redact, redacted
-from .settings import Settings
-from .store import Store
-from .submit import attempt_folder, require_netns, resources, sbatch_text
-from .sweep import Run, expand
 
 GB = 1e9
 

@@ -8,13 +8,15 @@ from pathlib import Path
 
 from submitit.core.utils import JobPaths
 
-from . import report, scontrol, wandb_log
-from .lock import SweepLock
-from .plan import plan
-from .settings import Settings
-from .store import FINAL, Store
-from .submit import attempt_folder, check_environment, job_done, reattach, submit
-from .sweep import Run, expand
+from launcher.lock import SweepLock
+from launcher.plan import plan
+from launcher.report import wandb_log
+from launcher.report.write import write_report
+from launcher.settings import Settings
+from launcher.slurm import scontrol
+from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
+from launcher.store import FINAL, Store
+from launcher.sweep import Run, expand
 
 PROGRESS_EVERY_S = 30.0
 
@@ -35,8 +37,8 @@ def _failure_reason(job, tasks: int) -> str:
             text = JobPaths(job.paths.folder, job.job_id, task).stderr.read_text(errors="replace")
         except OSError:
             continue
-        lines = [l.strip() for l in text.splitlines() if l.strip()]
-        errors = [l for l in lines if "fedshard: error" in l or "Error" in l or "error:" in l]
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        errors = [line for line in lines if "fedshard: error" in line or "Error" in line or "error:" in line]
         if errors:
             return errors[-1][:300]
     return "no result.json (see the submitit logs)"
@@ -154,7 +156,7 @@ def run_sweep(settings: Settings) -> int:
         results = [json.loads((settings.sweep_dir / r.run_id / "result.json").read_text())
                    for r in runs if sweeper.store.finished(r.run_id)]
         if results:
-            print(report.write_report(settings.sweep_dir, results))
+            print(write_report(settings.sweep_dir, results))
     if sweeper.failed:
         print(f"fedshard: {len(sweeper.failed)} of {len(runs)} run(s) failed: "
               + "; ".join(f"{k}: {v}" for k, v in sweeper.failed.items()))

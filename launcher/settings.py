@@ -12,8 +12,8 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from .errors import ConfigError
-from .secrets import redact
+from launcher.errors import ConfigError
+from launcher.secrets import redact
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ACTIONS = ("run", "plan", "report")
@@ -179,7 +179,8 @@ def check_name(name, results_dir: Path) -> Path:
 
 def compose(overrides: list[str]) -> Settings:
     """Hydra overrides (`sweep=paper_table3 cluster=leonardo ...`) -> validated Settings."""
-    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException

@@ -9,9 +9,8 @@ import json
 import time
 from pathlib import Path
 
+from launcher.errors import ConfigError
 from train.spec import write_atomic
-
-from .errors import ConfigError
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.errors import ConfigError
+from launcher.settings import Settings
 from train.errors import FedshardError
 from train.presets import DATA_KEYS, PRESETS
 from train.spec import STRATEGIES, RunSpec
-
-from .errors import ConfigError
-from .settings import Settings
 
 
 @dataclass

@@ -5,7 +5,8 @@ import copy
 
 import torch
 
-from train import data, model as models, optim
+from train import data, optim
+from train import model as models
 from train.spec import RunSpec
 
 

@@ -4,9 +4,11 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
-from tests.distributed import run_ranks
-from train import alignment, mesh as meshes, model as models
+from train import alignment
+from train import mesh as meshes
+from train import model as models
 from train.errors import AlignmentError
+from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

@@ -3,11 +3,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from launcher import allocate, topology
 from launcher.errors import ConfigError
-from launcher.scontrol import Node, Switch
+from launcher.placement import allocate, topology
+from launcher.slurm.scontrol import Node, Switch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05.8"
 BW = [240e9, 25e9, 12.5e9, 6e9]
@@ -119,7 +120,8 @@ def _under(topo, switch):
 
 
 @settings(max_examples=150, deadline=None)
-@given(topo=trees(), F=st.integers(1, 6), R=st.integers(1, 3), G=st.sampled_from([1, 2, 4]), S_mult=st.sampled_from([1, 2]))
+@given(topo=trees(), F=st.integers(1, 6), R=st.integers(1, 3), G=st.sampled_from([1, 2, 4]),
+       S_mult=st.sampled_from([1, 2]))
 def test_placement_properties(topo, F, R, G, S_mult):
     S = G * S_mult
     usable = set(topo.usable())
@@ -167,7 +169,7 @@ def test_placement_properties(topo, F, R, G, S_mult):
 
 
 def test_report_verifies_where_ranks_really_ran():
-    from launcher.verify import placement_rows
+    from launcher.report.verify import placement_rows
 
     topo = captured()
 

@@ -8,15 +8,16 @@ import pytest
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from launcher.costmodel import checkpoint_bytes
-from tests.distributed import run_ranks
+from launcher.placement.costmodel import checkpoint_bytes
+from train.local_ranks import run_ranks
 
 STEP_COUNTERS = 4 * 64  # AdamW's per-tensor step count (fp32 scalars), per group: fewer than 64 tensors here
 LAYOUTS = [("fsdp", 1, 1, 4, None, "fp32"), ("fl_fsdp", 4, 1, 1, 2, "fp32"), ("fl_hsdp", 2, 2, 1, 2, "paper")]
 
 
 def _save_around_fedavg(rank, world, root):
-    from train import checkpoint, model as models
+    from train import checkpoint
+    from train import model as models
     from train.loop import Trainer
     from train.spec import RunSpec
 

@@ -3,10 +3,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher import topology
-from launcher.costmodel import Model, comm_time, llama_params, model_from_preset, predict
 from launcher.errors import ConfigError
-from launcher.planner import rank_layouts
+from launcher.placement import topology
+from launcher.placement.costmodel import Model, comm_time, llama_params, model_from_preset, predict
+from launcher.placement.ranking import rank_layouts
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False)

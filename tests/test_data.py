@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from tests.conftest import WORDS
 from train.data import build_source
 from train.errors import DataError
 
@@ -97,9 +98,6 @@ def test_synthetic_bad_specs(data, needle):
 
 
 # ---------------------------------------------------------------- text
-
-from tests.conftest import WORDS
-
 
 @pytest.fixture
 def corpus(tmp_path):

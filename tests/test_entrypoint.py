@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import submitit
 
-from train.__main__ import TrainJob
 from tests.support import clean_env
+from train.job import TrainJob
 
 RESULT_KEYS = {"strategy", "F", "R", "S", "A", "world_size", "steps", "tokens", "train_time_s", "tokens_per_s",
                "train_ppl", "eval_ppl", "eval_time_s", "phases", "aggregations", "ranks"}

@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from tests.distributed import run_ranks
 from train import mesh as meshes
 from train.federated import FedAvg
+from train.local_ranks import run_ranks
 from train.parallelize import local
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.errors import ConfigError
-from launcher.hostlist import ParseError, compress, expand
+from launcher.slurm.hostlist import ParseError, compress, expand
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -4,14 +4,14 @@ import shutil
 import subprocess
 import sys
 
-from launcher import topology
-from launcher.scontrol import Switch
-from launcher.settings import compose
-from launcher.submit import slurm_parameters
+from launcher.placement import topology
 from launcher.plan import place_runs
+from launcher.settings import compose
+from launcher.slurm.scontrol import Switch
+from launcher.slurm.submit import slurm_parameters
 from launcher.sweep import expand
-from tests.test_allocate import FIXTURES
 from tests.support import clean_env
+from tests.test_allocate import FIXTURES
 from tests.test_entrypoint import _spec
 
 
@@ -22,7 +22,7 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
     topo_path = tmp_path / "topology.json"
     topo_path.write_text(json.dumps(topology.to_json(topo.with_bandwidth([3.0, 2.0, 1.0], "bw"))))
     spec = _spec(tmp_path)  # fl_fsdp F=2 R=1 S=1
-    code = f"from launcher.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)()"
+    code = f"from launcher.slurm.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)()"
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=clean_env(SLURM_PROCID=str(p), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="77",
                                        SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME=f"n{p + 1}"))

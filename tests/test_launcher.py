@@ -6,7 +6,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from launcher.settings import compose
 from launcher.sweep import expand
 from tests.support import clean_env
@@ -90,7 +89,7 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     proc = _launcher(*SMOKE, f"results_dir={tmp_path}", "wandb.enabled=true", env=_env(WANDB_API_KEY=""))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweep_dir = tmp_path / "smoke"
-    manifest = [json.loads(l) for l in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
+    manifest = [json.loads(line) for line in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
     assert {m["run_id"]: m["state"] for m in manifest} == {"fsdp-F1-R1-S4": "COMPLETED",
                                                            "fl_fsdp-F2-R1-S2-A2": "COMPLETED"}
     for name in ("table3.md", "table3.csv", "table3.tex", "table4.md", "table4.csv", "table4.tex",
@@ -118,7 +117,7 @@ def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err
-    manifest = [json.loads(l) for l in (tmp_path / "smoke" / "manifest.jsonl").read_text().splitlines()]
+    manifest = [json.loads(line) for line in (tmp_path / "smoke" / "manifest.jsonl").read_text().splitlines()]
     assert [(m["run_id"], m["state"]) for m in manifest] == [("fsdp-F1-R1-S4", "CANCELLED")]
     assert not (tmp_path / "smoke" / "fsdp-F1-R1-S4" / "result.json").exists()
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")

@@ -3,8 +3,10 @@ import resource
 
 from torch.distributed.tensor import DTensor
 
-from tests.distributed import run_ranks
-from train import mesh as meshes, model as models, parallelize
+from train import mesh as meshes
+from train import model as models
+from train import parallelize
+from train.local_ranks import run_ranks
 
 
 def _shard_8b(rank, world):

@@ -4,8 +4,8 @@ import hashlib
 import pytest
 import torch
 
-from tests.distributed import run_ranks
 from tests.reference import Reference
+from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

@@ -6,8 +6,11 @@ import statistics
 
 import pytest
 
-from launcher.paper import LLAMA3_8B_PARAMS, reproduces_paper
-from launcher.report import Table, group_repeats, load_results, plots, table3, table4, write_report
+from launcher.report.paper import LLAMA3_8B_PARAMS, reproduces_paper
+from launcher.report.plots import plots
+from launcher.report.results import group_repeats, load_results
+from launcher.report.tables import Table, table3, table4
+from launcher.report.write import write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

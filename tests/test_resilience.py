@@ -12,8 +12,8 @@ from pathlib import Path
 
 import submitit
 
-from train.__main__ import TrainJob
 from tests.support import children, clean_env, losses, steps_logged, wait_for
+from train.job import TrainJob
 
 STEPS = 80
 
@@ -112,7 +112,8 @@ def test_stop_signal_outside_submitit_saves_and_says_how_to_resume(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"strategy": "fsdp", "F": 1, "R": 1, "S": 1, "out_dir": str(tmp_path / "run"),
                                 "train": {"steps": 100000, "seq_len": 16, "log_every": 5, "stop_check_every": 1}}))
-    proc = subprocess.Popen([sys.executable, "-m", "train", str(spec)], env=clean_env(), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "train", str(spec)], env=clean_env(), stderr=subprocess.PIPE,
+                            text=True)
     wait_for(lambda: steps_logged(tmp_path / "run") >= 10, "step 10", alive=lambda: proc.poll() is None)
     proc.send_signal(signal.SIGUSR2)
     _, err = proc.communicate(timeout=120)

@@ -6,9 +6,19 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.scontrol import (Block, ParseError, Switch, nodes_text, parse_key_values, parse_nodes,
-                               parse_topology, parse_topology_block, parse_topology_tree, run_scontrol,
-                               topology_text)
+from launcher.slurm.scontrol import (
+    Block,
+    ParseError,
+    Switch,
+    nodes_text,
+    parse_key_values,
+    parse_nodes,
+    parse_topology,
+    parse_topology_block,
+    parse_topology_tree,
+    run_scontrol,
+    topology_text,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SLURM = FIXTURES / "slurm-22.05.8"

@@ -79,7 +79,8 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
                timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     sweep = tmp_path / "smoke"
-    states = {json.loads(l)["run_id"]: json.loads(l)["state"] for l in (sweep / "manifest.jsonl").read_text().splitlines()}
+    entries = [json.loads(line) for line in (sweep / "manifest.jsonl").read_text().splitlines()]
+    states = {e["run_id"]: e["state"] for e in entries}
     assert states == {"fsdp-F1-R1-S8": "COMPLETED", "fl_hsdp-F2-R2-S2-A2": "COMPLETED"}
     result = json.loads((sweep / "fl_hsdp-F2-R2-S2-A2" / "result.json").read_text())
     nodes = [r["node"] for r in sorted(result["ranks"], key=lambda r: r["rank"])]

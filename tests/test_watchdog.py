@@ -39,7 +39,7 @@ def test_a_stopped_rank_is_named_long_before_the_time_limit(tmp_path):
                 except ProcessLookupError:
                     pass
     assert proc.returncode != 0
-    lines = [l for l in err.splitlines() if "fedshard: error: rank" in l]
+    lines = [line for line in err.splitlines() if "fedshard: error: rank" in line]
     assert lines, err[-3000:]
     assert "rank 2 is not responding" in lines[0] and " in phase " in lines[0] and " at step " in lines[0]
     assert not (run_dir / "result.json").exists()

@@ -7,7 +7,7 @@ group is stored per group: AdamW's moments (unless `average_optimizer_state` ave
 rank's RNG. Periodic checkpoints are therefore taken at FedAvg steps: the one requested at step k is
 taken at the first FedAvg at or after k (`due`). Only a stop signal between two averagings, which cannot
 wait, stores the parameters per group as well (meta.json says which). Sizes:
-`launcher.costmodel.checkpoint_bytes`.
+`launcher.placement.costmodel.checkpoint_bytes`.
 
 A checkpoint is written into `.step-NNNNNN.tmp/` and published by renaming it to `step-NNNNNN/`
 after every rank has written and rank 0 has added meta.json, so a crash while saving leaves

@@ -13,12 +13,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, data, dist as dist_env, mesh as meshes, metrics, model as models, optim, parallelize
+from . import checkpoint, data, launch_env, metrics, optim, parallelize
+from . import mesh as meshes
+from . import model as models
 from .errors import SpecError
 from .federated import FedAvg
 from .preemption import StopRequest
-from .watchdog import Watchdog
 from .spec import RunSpec, write_atomic
+from .watchdog import Watchdog
 
 FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init builds on meta and initialises per shard
 
@@ -231,14 +233,14 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
     """Train one spec in this process (one rank). Rank 0 writes result.json last, atomically, and returns it."""
     config = models.llama_config(spec.model)
     source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
-    env = dist_env.detect(environ)
+    env = launch_env.detect(environ)
     if env.world_size != spec.world_size:
         raise SpecError(f"F*R*S = {spec.F}*{spec.R}*{spec.S} = {spec.world_size} but the launcher started "
                         f"{env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)
-    device = dist_env.pick_device(spec.device)
+    device = launch_env.pick_device(spec.device)
     if device == "cpu":
-        dist_env.limit_cpu_threads(env)
+        launch_env.limit_cpu_threads(env)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -247,16 +249,16 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
         (out_dir / "result.json").unlink(missing_ok=True)
         if checkpoint.latest(out_dir) is None:
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)
-    backend = dist_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
+    backend = launch_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
         trainer = Trainer(spec, env.rank, device, config, source, out_dir, watchdog_tag=env.job_tag)
         result = trainer.run(backend)
         trainer.watchdog.close()
     except BaseException:  # including submitit's exit after a requeue
-        dist_env.forget_rendezvous(env, out_dir)
+        launch_env.forget_rendezvous(env, out_dir)
         dist.destroy_process_group()
         raise
-    dist_env.shutdown(env, out_dir)
+    launch_env.shutdown(env, out_dir)
     if env.rank != 0:
         return None
     shutil.rmtree(trainer.watchdog.dir, ignore_errors=True)

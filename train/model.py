@@ -7,6 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from .errors import SpecError
 from .presets import PRESETS
 
+
 def llama_config(model: dict) -> LlamaConfig:
     """A LlamaConfig from {"preset": name, **overrides} or a full set of LlamaConfig keys."""
     model = dict(model)

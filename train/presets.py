@@ -12,7 +12,8 @@ PRESETS: dict[str, dict] = {
     # Llama-3.1-8B: 8,030,261,248 parameters.
     "llama3_8b": dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                       num_key_value_heads=8, intermediate_size=14336, max_position_embeddings=131072,
-                      rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False, rope_scaling=llama3_rope(8192)),
+                      rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      rope_scaling=llama3_rope(8192)),
     # Tests: a few ms per step on CPU.
     "tiny": dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, max_position_embeddings=2048, rope_theta=500000.0, rms_norm_eps=1e-5,

@@ -23,7 +23,8 @@ INITS = ("auto", "full", "meta")
 
 @dataclass
 class TrainConfig:
-    """Optimisation and measurement settings; defaults are the paper authors' (AdamW 0.9/0.95, wd 0.1, 10 % warm-up, cosine)."""
+    """Optimisation and measurement settings; defaults are the paper authors' (AdamW 0.9/0.95, wd 0.1,
+    10 % warm-up, cosine)."""
 
     steps: int = 20
     seq_len: int = 128

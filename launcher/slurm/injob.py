@@ -11,11 +11,11 @@ import json
 import os
 from pathlib import Path
 
-from train.__main__ import TrainJob
+from launcher.errors import ConfigError
+from launcher.placement import allocate, topology
+from launcher.slurm import hostlist
+from train.job import TrainJob
 from train.spec import RunSpec
-
-from . import allocate, hostlist, topology
-from .errors import ConfigError
 
 
 def placed_rank(spec: RunSpec, topo: topology.Topology, G: int, environ=os.environ) -> int:

@@ -18,15 +18,14 @@ from pathlib import Path
 import submitit
 from submitit.core.utils import JobPaths
 
-from train.__main__ import TrainJob
+from launcher.errors import SubmitError
+from launcher.settings import Cluster
+from launcher.slurm import scontrol
+from launcher.slurm.hostlist import compress
+from launcher.slurm.injob import PlacedTrainJob
+from launcher.sweep import Run
+from train.job import TrainJob
 from train.spec import write_atomic
-
-from . import scontrol
-from .errors import SubmitError
-from .hostlist import compress
-from .injob import PlacedTrainJob
-from .settings import Cluster
-from .sweep import Run
 
 
 def attempt_folder(run_dir: Path, attempt: int) -> Path:

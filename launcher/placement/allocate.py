@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from launcher.errors import ConfigError
+from launcher.placement.topology import Topology
 from train.spec import coords
-
-from .topology import Topology
 
 
 class NoPlacement(ConfigError):

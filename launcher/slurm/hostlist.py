@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from itertools import product
 
-from .errors import ConfigError
+from launcher.errors import ConfigError
 
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _NUMERIC_TAIL = re.compile(r"(.*?)(\d+)")

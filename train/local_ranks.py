@@ -1,4 +1,4 @@
-"""Run a function on N real processes joined by gloo; each returns a picklable value."""
+"""Run a function on N local processes joined by gloo (the tests and benchmarks); each returns a picklable value."""
 from __future__ import annotations
 
 import os

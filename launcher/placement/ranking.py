@@ -5,9 +5,9 @@ paper's cost model at the bottlenecks that placement achieves.
 """
 from __future__ import annotations
 
-from . import allocate
-from .costmodel import Model, predict
-from .topology import Topology
+from launcher.placement import allocate
+from launcher.placement.costmodel import Model, predict
+from launcher.placement.topology import Topology
 
 AS = (1, 2, 4, 8, 16, 32)
 

@@ -15,8 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ConfigError
-from .hostlist import ParseError, expand
+from launcher.errors import ConfigError
+from launcher.slurm.hostlist import ParseError, expand
 
 __all__ = ["ParseError", "Switch", "Block", "Node", "run_scontrol", "parse_key_values", "parse_topology_tree",
            "parse_topology_block", "parse_topology", "parse_nodes", "topology_text", "nodes_text"]

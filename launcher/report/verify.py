@@ -6,8 +6,8 @@ B_S, B_R, B_F and flag runs whose placement broke B_S >= B_R >= B_F.
 """
 from __future__ import annotations
 
-from . import allocate
-from .topology import Topology
+from launcher.placement import allocate
+from launcher.placement.topology import Topology
 
 
 def achieved(result: dict, topo: Topology) -> dict:

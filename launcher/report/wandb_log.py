@@ -5,7 +5,7 @@ import json
 import os
 from pathlib import Path
 
-from .errors import ConfigError
+from launcher.errors import ConfigError
 
 MODES = ("offline", "online", "disabled")
 

@@ -1,0 +1,34 @@
+"""action=report and the end of action=run: every table (.md/.csv/.tex) and plot of a sweep, written
+atomically into its directory, with the cost model's prediction and the achieved placement beside them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.placement import topology
+from launcher.report.plots import plots
+from launcher.report.tables import Table, table3, table4
+from launcher.report.verify import placement_rows
+from train.spec import write_atomic
+
+
+def write_report(sweep_dir: Path, results: list[dict]) -> str:
+    """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown."""
+    if not results:
+        raise ValueError(f"no results under {sweep_dir}")
+    sweep_dir = Path(sweep_dir)
+    plan_path = sweep_dir / "plan.json"
+    if plan_path.exists():  # put the cost model's prediction beside each measurement
+        predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in json.loads(plan_path.read_text())["runs"]}
+        results = [{**r, "predicted_ratio_to_fsdp": predicted.get(r["run_id"])} for r in results]
+    tables = {"table3": table3(results), "table4": table4(results)}
+    topo_path = sweep_dir / "topology.json"
+    if topo_path.exists():  # saved at submission: check where the ranks really ran
+        columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
+        tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
+                                    columns, rows, ["text", "fixed", "fixed", "fixed", "text"])
+    for name, table in tables.items():
+        for ext, text in (("md", table.to_markdown()), ("csv", table.to_csv()), ("tex", table.to_latex())):
+            write_atomic(sweep_dir / f"{name}.{ext}", text)
+    plots(sweep_dir, results)
+    return "\n".join(t.to_markdown() for t in tables.values())

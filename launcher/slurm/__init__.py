@@ -1,0 +1,1 @@
+"""SLURM: hostlists, the scontrol/squeue queries and their parsers, submission, in-job rank placement."""
