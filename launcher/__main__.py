@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
         from launcher.run import run_sweep
 
         return run_sweep(settings)
-    except (FedshardError, ValueError) as exc:
+    except FedshardError as exc:  # anything else is a bug: its traceback is kept
         print(f"fedshard: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,7 +5,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from launcher.errors import SubmitError
+from launcher.errors import StateError
 
 
 class SweepLock:
@@ -23,7 +23,7 @@ class SweepLock:
             self.fh.seek(0)
             holder = self.fh.read().strip() or "another process"
             self.fh.close()
-            raise SubmitError(f"another launcher ({holder}) is running on {self.path.parent}; "
+            raise StateError(f"another launcher ({holder}) is running on {self.path.parent}; "
                               f"wait for it or stop it first") from None
         self.fh.seek(0)
         self.fh.truncate()

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from launcher.errors import ConfigError
+from launcher.errors import StateError
 from train.spec import write_atomic
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -26,7 +26,7 @@ class Store:
                     entry = json.loads(line)
                     self.entries[entry["run_id"]] = entry
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ConfigError(f"{self.path}:{n} is not a manifest entry: {line[:80]!r}") from None
+                    raise StateError(f"{self.path}:{n} is not a manifest entry: {line[:80]!r}") from None
 
     def record(self, run_id: str, **fields) -> dict:
         entry = self.entries.setdefault(run_id, {"run_id": run_id, "attempts": 0})

@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from launcher.settings import compose
 from launcher.sweep import expand
 from tests.support import clean_env
@@ -143,3 +145,17 @@ def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):
     assert second.returncode == 2 and "another launcher (pid" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
     assert first.wait(timeout=600) == 0  # and the first one was not disturbed
+
+
+def test_a_bug_keeps_its_traceback_and_is_not_reported_as_bad_input(tmp_path, monkeypatch, capsys):
+    """Only fedshard's own errors become `fedshard: error:` lines; a ValueError from a bug propagates."""
+    import launcher.plan
+    from launcher.__main__ import main
+
+    def broken(settings):
+        raise ValueError("a bug in the planner")
+
+    monkeypatch.setattr(launcher.plan, "plan", broken)
+    with pytest.raises(ValueError, match="a bug in the planner"):
+        main(["action=plan", f"results_dir={tmp_path}"])
+    assert "fedshard: error" not in capsys.readouterr().err

@@ -6,6 +6,7 @@ import statistics
 
 import pytest
 
+from launcher.errors import StateError
 from launcher.report.paper import LLAMA3_8B_PARAMS, reproduces_paper
 from launcher.report.plots import plots
 from launcher.report.results import group_repeats, load_results
@@ -172,9 +173,9 @@ def test_plots_without_metrics_or_floor(tmp_path):
 
 
 def test_bad_json_and_empty_sweep(tmp_path):
-    with pytest.raises(ValueError, match="no results under"):
+    with pytest.raises(StateError, match="no results under"):
         write_report(tmp_path, load_results(tmp_path))
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "result.json").write_text("{not json")
-    with pytest.raises(ValueError, match=r"broken[/\\]result\.json"):
+    with pytest.raises(StateError, match=r"broken[/\\]result\.json"):
         load_results(tmp_path)

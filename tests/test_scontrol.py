@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, SlurmError
 from launcher.slurm.scontrol import (
     Block,
     ParseError,
@@ -231,14 +231,14 @@ def _fake_scontrol(tmp_path, monkeypatch, body):
 
 def test_run_scontrol_without_binary(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"^scontrol not found on PATH \("):
+    with pytest.raises(SlurmError, match=r"^scontrol not found on PATH \("):
         run_scontrol(["show", "topology"])
 
 
 def test_run_scontrol_failure_reports_first_stderr_line(tmp_path, monkeypatch):
     _fake_scontrol(tmp_path, monkeypatch, 'echo "slurm_load_node error: Unable to contact slurm controller" >&2\n'
                                           'echo "second line" >&2\nexit 1\n')
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(SlurmError) as err:
         run_scontrol(["-o", "show", "node"])
     assert str(err.value) == ("scontrol -o show node failed with exit code 1: "
                               "slurm_load_node error: Unable to contact slurm controller")

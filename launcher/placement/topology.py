@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, SlurmError
 from launcher.slurm.scontrol import Block, Node, Switch
 
 ROOT = "(all)"  # a virtual root above several top-level switches or blocks
@@ -211,7 +211,6 @@ def live_source(cluster) -> tuple[bool, str]:
     read only when its ClusterName is cluster.slurm_name (default: cluster.name); `live` always reads
     it (failures are errors), `ideal` never does.
     """
-    from launcher.errors import ConfigError
     from launcher.slurm import scontrol
 
     ideal_tree = "ideal tree (cluster.nodes_per_level)"
@@ -223,7 +222,7 @@ def live_source(cluster) -> tuple[bool, str]:
         return False, f"{ideal_tree}: no scontrol on PATH"
     try:
         name = scontrol.cluster_name()
-    except ConfigError as e:
+    except SlurmError as e:
         return False, f"{ideal_tree}: no SLURM controller answered ({e})"
     expected = cluster.slurm_name or cluster.name
     if name != expected:

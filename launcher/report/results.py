@@ -8,6 +8,8 @@ import re
 import statistics
 from pathlib import Path
 
+from launcher.errors import StateError
+
 SPREAD = ("train_time_s", "tokens_per_s", "eval_ppl")  # fields whose spread over repeats is reported
 _REPEAT = re.compile(r"-rep\d+$")
 
@@ -19,7 +21,7 @@ def load_results(sweep_dir: Path) -> list[dict]:
         try:
             results.append(json.loads(path.read_text()))
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from e
+            raise StateError(f"{path}: not valid JSON ({e})") from e
     return sorted(results, key=lambda r: r["run_id"])
 
 

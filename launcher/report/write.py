@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher.errors import StateError
 from launcher.placement import topology
 from launcher.report.plots import plots
 from launcher.report.tables import Table, table3, table4
@@ -15,7 +16,7 @@ from train.spec import write_atomic
 def write_report(sweep_dir: Path, results: list[dict]) -> str:
     """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown."""
     if not results:
-        raise ValueError(f"no results under {sweep_dir}")
+        raise StateError(f"no results under {sweep_dir}")
     sweep_dir = Path(sweep_dir)
     plan_path = sweep_dir / "plan.json"
     if plan_path.exists():  # put the cost model's prediction beside each measurement

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, SlurmError
 from launcher.slurm.hostlist import ParseError, expand
 
 __all__ = ["ParseError", "Switch", "Block", "Node", "run_scontrol", "parse_key_values", "parse_topology_tree",
@@ -85,20 +85,20 @@ class Node:
 
 
 def run_scontrol(args: list[str], timeout_s: float = 30) -> str:
-    """stdout of `scontrol ARGS`; failures become one-line ConfigErrors."""
+    """stdout of `scontrol ARGS`; failures become one-line SlurmErrors."""
     cmd = ["scontrol", *args]
     # SLURM_TOPO_LEN truncates topology lines, which could silently cut a Nodes= hostlist at a comma.
     env = {k: v for k, v in os.environ.items() if k != "SLURM_TOPO_LEN"}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except FileNotFoundError:
-        raise ConfigError("scontrol not found on PATH (run on a SLURM login node, or use a snapshot directory "
+        raise SlurmError("scontrol not found on PATH (run on a SLURM login node, or use a snapshot directory "
                           "holding topology.txt and nodes.txt)") from None
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"{' '.join(cmd)} did not answer within {timeout_s}s") from None
+        raise SlurmError(f"{' '.join(cmd)} did not answer within {timeout_s}s") from None
     if proc.returncode != 0:
         first = next((line.strip() for line in proc.stderr.splitlines() if line.strip()), "no message")
-        raise ConfigError(f"{' '.join(cmd)} failed with exit code {proc.returncode}: {first}")
+        raise SlurmError(f"{' '.join(cmd)} failed with exit code {proc.returncode}: {first}")
     return proc.stdout
 
 
@@ -117,7 +117,7 @@ def job_state(job_id: str, timeout_s: float = 20) -> str | None:
             pass
     try:
         fields = parse_key_values(run_scontrol(["-o", "show", "job", job_id], timeout_s))
-    except ConfigError:  # unknown job id, or scontrol missing / not answering
+    except SlurmError:  # unknown job id, or scontrol missing / not answering
         return None
     return fields.get("JobState")
 
@@ -132,7 +132,7 @@ def accounting_enabled() -> bool:
     """Whether sacct can answer: without slurmdbd it only prints 'accounting storage is disabled'."""
     try:
         config = run_scontrol(["show", "config"])
-    except ConfigError:
+    except SlurmError:
         return False
     return not re.search(r"^AccountingStorageType\s*=\s*accounting_storage/none", config, re.M)
 
