@@ -1,5 +1,5 @@
 """The bad-input table: every row runs the real CLI and must end with one line `fedshard: error: ...`, exit
-status 2, and nothing submitted or written. README.md's "Troubleshooting: bad input" lists the same ids.
+status 2, and nothing submitted or written. docs/troubleshooting.md lists the same ids.
 
 A case is (id, command, expected fragment, prepare):
 - command: ("launcher", [overrides]) for `python -m launcher`, or ("train", {spec overrides}) for
@@ -428,9 +428,9 @@ def test_bad_input(tmp_path, tiny_tokenizer, case_id, command, message, prepare)
 
 
 def test_readme_table_lists_every_case_once():
-    """README's troubleshooting table and this file's table: the same ids, one row each, in the same order."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Troubleshooting: bad input", 1)[1].split("\n## ", 1)[0]
+    """docs/troubleshooting.md's table and this file's table: the same ids, one row each, in the same order."""
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    section = text.split("## Bad input", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     ids = [re.match(r"\| `([^`]+)` \|", row).group(1) for row in rows]
     assert len(ids) == len(set(ids)), sorted({i for i in ids if ids.count(i) > 1})
