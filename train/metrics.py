@@ -1,4 +1,4 @@
-"""Phase timers, per-step records reduced across ranks, and the result summary.
+"""Phase timers and per-step records reduced across ranks (the result summary is train.loop's).
 
 Per-step numbers are kept locally and reduced in one batch every `log_every`
 steps (times: MAX over ranks, loss: mean over ranks), so measuring adds no

@@ -1,4 +1,4 @@
-"""The paper's per-batch communication cost model (NCCL ring) and a planner that ranks rank layouts with it.
+"""The paper's per-batch communication cost model (NCCL ring) and the size of a checkpoint (ranking.py ranks layouts).
 
 Pure arithmetic, no torch: `plan` must stay fast. Every strategy is one grid F x R x S, so one function
 prices them all; the strategy only decides which of three terms exist:
