@@ -6,8 +6,6 @@ import logging
 import time
 from pathlib import Path
 
-from submitit.core.utils import JobPaths
-
 from launcher.lock import SweepLock
 from launcher.plan import plan
 from launcher.report import wandb_log
@@ -17,6 +15,7 @@ from launcher.slurm import scontrol
 from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
 from launcher.store import FINAL, Store
 from launcher.sweep import Run, expand
+from train import submitit_compat
 
 PROGRESS_EVERY_S = 30.0
 
@@ -34,7 +33,7 @@ def _failure_reason(job, tasks: int) -> str:
     """The last error line the job's tasks wrote (read from their logs: asking submitit would wait on sacct)."""
     for task in range(tasks):
         try:
-            text = JobPaths(job.paths.folder, job.job_id, task).stderr.read_text(errors="replace")
+            text = submitit_compat.task_paths(job.paths.folder, job.job_id, task).stderr.read_text(errors="replace")
         except OSError:
             continue
         lines = [line.strip() for line in text.splitlines() if line.strip()]

@@ -17,15 +17,14 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import submitit_compat
 from .errors import Stopped
 
 REQUEUE_WAIT_S = 300.0  # on SLURM, tasks other than 0 wait this long for the requeue to end them
 
 
 def stop_signal() -> int:
-    from submitit import JobEnvironment
-
-    return JobEnvironment._usr_sig()  # honours SUBMITIT_PREEMPT_SIGNAL, as submitit's handler does
+    return submitit_compat.preemption_signal()  # honours SUBMITIT_PREEMPT_SIGNAL, as submitit's handler does
 
 
 class StopRequest:

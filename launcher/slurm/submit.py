@@ -12,11 +12,9 @@ import os
 import shlex
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 import submitit
-from submitit.core.utils import JobPaths
 
 from launcher.errors import SubmitError
 from launcher.settings import Cluster
@@ -24,6 +22,7 @@ from launcher.slurm import scontrol
 from launcher.slurm.hostlist import compress
 from launcher.slurm.injob import PlacedTrainJob
 from launcher.sweep import Run
+from train import submitit_compat
 from train.job import TrainJob
 from train.spec import write_atomic
 
@@ -58,7 +57,7 @@ def slurm_parameters(cluster: Cluster, run: Run) -> dict:
     for key in ("account", "qos"):
         if getattr(cluster, key):
             params[key] = getattr(cluster, key)
-    known = submitit.SlurmExecutor._valid_parameters()
+    known = submitit_compat.slurm_parameter_names()
     params.update({k: extra.pop(k) for k in list(extra) if k in known})
     if extra:
         params["additional_parameters"] = extra
@@ -67,10 +66,7 @@ def slurm_parameters(cluster: Cluster, run: Run) -> dict:
 
 def sbatch_text(cluster: Cluster, run: Run, folder: Path) -> str:
     """The script submitit would submit for this run (shown by action=plan)."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    command = shlex.join([sys.executable, "-u", "-m", "submitit.core._submit", str(folder)])
-    return _make_sbatch_string(command=command, folder=folder, **slurm_parameters(cluster, run))
+    return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, run))
 
 
 def resources(cluster: Cluster, run: Run) -> dict:
@@ -131,7 +127,7 @@ class ReattachedLocalJob(submitit.LocalJob):
             cmdline = Path(f"/proc/{int(self.job_id)}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             return False
-        return b"submitit.local._local" in cmdline and str(self.paths.folder).encode() in cmdline
+        return submitit_compat.is_local_controller(cmdline, self.paths.folder)
 
     def get_info(self, mode: str = "force") -> dict:
         return {"jobState": "RUNNING" if self._alive() else "FINISHED"}
@@ -163,7 +159,8 @@ def job_done(job, executor_kind: str, tasks: int, accounting: bool = True) -> tu
             return True, job.state
         if executor_kind != "slurm" or job.state not in ("UNKNOWN", "NODE_FAIL"):
             return False, job.state
-    elif all(JobPaths(job.paths.folder, job.job_id, task).result_pickle.exists() for task in range(tasks)):
+    elif all(submitit_compat.task_paths(job.paths.folder, job.job_id, task).result_pickle.exists()
+             for task in range(tasks)):
         return True, "COMPLETED"
     state = scontrol.job_state(str(job.job_id))
     if state is None or state in FINAL_STATES:
