@@ -78,8 +78,11 @@ class Sweeper:
     def wait(self, total: int) -> None:
         last = time.monotonic()
         while self.running:
+            slurm_states = None  # one squeue call per poll for every running job
+            if self.cluster.executor == "slurm":
+                slurm_states = scontrol.job_states([str(job.job_id) for _, job in self.running.values()])
             for run_id, (run, job) in list(self.running.items()):
-                done, state = job_done(job, self.cluster.executor, run.spec.world_size, self.accounting)
+                done, state = job_done(job, self.cluster.executor, run.spec.world_size, self.accounting, slurm_states)
                 if not done:
                     if state != self.store.state(run_id):
                         self.store.record(run_id, state=state)

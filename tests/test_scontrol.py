@@ -10,6 +10,7 @@ from launcher.slurm.scontrol import (
     Block,
     ParseError,
     Switch,
+    job_states,
     nodes_text,
     parse_key_values,
     parse_nodes,
@@ -250,3 +251,20 @@ def test_live_texts_come_from_scontrol(tmp_path, monkeypatch):
     assert topology_text(None) == "show topology untruncated\n"
     assert nodes_text(None) == "-o show node untruncated\n"
     assert os.environ["SLURM_TOPO_LEN"] == "64"
+
+
+def test_job_states_ask_squeue_once_for_all_jobs(tmp_path, monkeypatch):
+    """A sweep's poll asks SLURM once for every running job; only jobs squeue no longer lists are asked of
+    scontrol (a finished one answers, a forgotten one is None)."""
+    calls = tmp_path / "calls"
+    (tmp_path / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {calls}\n'
+                                     'printf "101 RUNNING\\n102 COMPLETING\\n"\n')
+    (tmp_path / "squeue").chmod(0o755)
+    _fake_scontrol(tmp_path, monkeypatch, f'echo "scontrol $*" >> {calls}\n'
+                                          'case "$*" in *103*) echo "JobId=103 JobState=COMPLETED";; '
+                                          '*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;; esac\n')
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert job_states(["101", "102", "103", "104"]) == {"101": "RUNNING", "102": "COMPLETING", "103": "COMPLETED",
+                                                         "104": None}
+    assert calls.read_text().splitlines() == ["squeue -h -j 101,102,103,104 -o %i %T", "scontrol -o show job 103",
+                                              "scontrol -o show job 104"]

@@ -102,19 +102,25 @@ def run_scontrol(args: list[str], timeout_s: float = 30) -> str:
     return proc.stdout
 
 
-def job_state(job_id: str, timeout_s: float = 20) -> str | None:
-    """A job's state from squeue, else `scontrol show job`; None when SLURM no longer knows it.
+def job_states(job_ids: list[str], timeout_s: float = 20) -> dict[str, str | None]:
+    """The states of many jobs from one squeue call (so polling a sweep asks SLURM once, not once per run);
+    a job squeue no longer lists is asked of `scontrol show job`; None when SLURM no longer knows it.
 
     submitit asks only sacct, which clusters without accounting lack.
     """
-    if shutil.which("squeue"):
+    states: dict[str, str | None] = {}
+    if job_ids and shutil.which("squeue"):
         try:
-            out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
-                                 timeout=timeout_s).stdout.split()
-            if out:
-                return out[0]
+            out = subprocess.run(["squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T"], capture_output=True,
+                                 text=True, timeout=timeout_s).stdout
+            states = {fields[0]: fields[1] for fields in map(str.split, out.splitlines()) if len(fields) == 2}
         except subprocess.TimeoutExpired:
             pass
+    return {job_id: states[job_id] if job_id in states else _shown_job_state(job_id, timeout_s)
+            for job_id in job_ids}
+
+
+def _shown_job_state(job_id: str, timeout_s: float) -> str | None:
     try:
         fields = parse_key_values(run_scontrol(["-o", "show", "job", job_id], timeout_s))
     except SlurmError:  # unknown job id, or scontrol missing / not answering

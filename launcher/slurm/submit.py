@@ -147,22 +147,29 @@ FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", 
                 "BOOT_FAIL", "DEADLINE")
 
 
-def job_done(job, executor_kind: str, tasks: int, accounting: bool = True) -> tuple[bool, str]:
+def job_done(job, executor_kind: str, tasks: int, accounting: bool = True,
+             slurm_states: dict[str, str | None] | None = None) -> tuple[bool, str]:
     """(done, state). With accounting, sacct says a cancelled job ended while its tasks may still run for
     KillWait seconds (squeue: COMPLETING): it is done only once they are gone, so a retry never meets them in
     the run directory. Without accounting submitit (which asks only sacct) is bypassed: a job is done when
-    every task left its result pickle, or when squeue/scontrol say it ended (or no longer know it)."""
+    every task left its result pickle, or when squeue/scontrol say it ended (or no longer know it).
+    `slurm_states`: this poll's scontrol.job_states of every running job (asked here when absent)."""
+    job_id = str(job.job_id)
+    if executor_kind == "slurm" and slurm_states is None:
+        slurm_states = scontrol.job_states([job_id])
     if executor_kind != "slurm" or accounting:
         if job.done():
-            if executor_kind == "slurm" and scontrol.job_state(str(job.job_id)) == "COMPLETING":
-                return False, "COMPLETING"
+            # squeue was asked at the start of this poll: unless it already saw the job end (or forgot it),
+            # tasks may still run (COMPLETING after a cancel, or a cancel between the two queries).
+            if executor_kind == "slurm" and slurm_states.get(job_id) not in (None, *FINAL_STATES):
+                return False, slurm_states[job_id]
             return True, job.state
         if executor_kind != "slurm" or job.state not in ("UNKNOWN", "NODE_FAIL"):
             return False, job.state
     elif all(submitit_compat.task_paths(job.paths.folder, job.job_id, task).result_pickle.exists()
              for task in range(tasks)):
         return True, "COMPLETED"
-    state = scontrol.job_state(str(job.job_id))
+    state = slurm_states.get(job_id)
     if state is None or state in FINAL_STATES:
         return True, state or "VANISHED"
     return False, state
