@@ -262,7 +262,7 @@ def test_job_states_ask_squeue_once_for_all_jobs(tmp_path, monkeypatch):
     (tmp_path / "squeue").chmod(0o755)
     _fake_scontrol(tmp_path, monkeypatch, f'echo "scontrol $*" >> {calls}\n'
                                           'case "$*" in *103*) echo "JobId=103 JobState=COMPLETED";; '
-                                          '*) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1;; esac\n')
+                                          '*) echo "slurm_load_jobs error: Invalid job id" >&2; exit 1;; esac\n')
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     assert job_states(["101", "102", "103", "104"]) == {"101": "RUNNING", "102": "COMPLETING", "103": "COMPLETED",
                                                          "104": None}
