@@ -9,6 +9,7 @@ from pathlib import Path
 
 import submitit
 
+from tests.support import wait_for
 from train import submitit_compat
 
 
@@ -50,9 +51,13 @@ def test_a_local_job_is_recognised_by_its_controllers_command_line(tmp_path):
     executor = submitit.LocalExecutor(folder=tmp_path)
     executor.update_parameters(timeout_min=1)
     job = executor.submit(time.sleep, 5)  # still running when its command line is read
-    cmdline = Path(f"/proc/{job.job_id}/cmdline").read_bytes().split(b"\0")
-    assert submitit_compat.is_local_controller(cmdline, tmp_path)
-    assert not submitit_compat.is_local_controller(cmdline, tmp_path / "other")
+
+    def cmdline() -> list[bytes]:  # empty while the new process is still exec'ing, under load
+        return Path(f"/proc/{job.job_id}/cmdline").read_bytes().split(b"\0")
+
+    wait_for(lambda: submitit_compat.is_local_controller(cmdline(), tmp_path), "the controller's command line",
+             timeout_s=30, alive=lambda: not job.done())
+    assert not submitit_compat.is_local_controller(cmdline(), tmp_path / "other")
     assert job.result() is None
     # launcher.slurm.submit.ReattachedLocalJob builds a LocalJob from these three arguments
     assert submitit.LocalJob(folder=tmp_path, job_id=job.job_id, tasks=[0]).job_id == job.job_id
