@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
-from launcher.slurm.scontrol import Node, Switch
+from launcher.slurm.parse import Node, Switch
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05.8"
 BW = [240e9, 25e9, 12.5e9, 6e9]

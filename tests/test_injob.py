@@ -7,7 +7,7 @@ import sys
 from launcher.placement import topology
 from launcher.plan import place_runs
 from launcher.settings import compose
-from launcher.slurm.scontrol import Switch
+from launcher.slurm.parse import Switch
 from launcher.slurm.submit import slurm_parameters
 from launcher.sweep import expand
 from tests.support import clean_env

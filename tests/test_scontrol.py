@@ -6,20 +6,17 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError, SlurmError
-from launcher.slurm.scontrol import (
+from launcher.slurm.parse import (
     Block,
     ParseError,
     Switch,
-    job_states,
-    nodes_text,
     parse_key_values,
     parse_nodes,
     parse_topology,
     parse_topology_block,
     parse_topology_tree,
-    run_scontrol,
-    topology_text,
 )
+from launcher.slurm.scontrol import job_states, nodes_text, run_scontrol, topology_text
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SLURM = FIXTURES / "slurm-22.05.8"

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.errors import ConfigError, SlurmError
-from launcher.slurm.scontrol import Block, Node, Switch
+from launcher.slurm import scontrol
+from launcher.slurm.parse import Block, Node, Switch, parse_nodes, parse_topology
 
 ROOT = "(all)"  # a virtual root above several top-level switches or blocks
 
@@ -144,8 +145,6 @@ def _rooted(parent, level, leaves, nodes) -> Topology:
 
 def build(topology_text: str, nodes_text: str | None) -> Topology:
     """Parse `scontrol show topology` (tree or block) and `scontrol show node` output into a Topology."""
-    from launcher.slurm.scontrol import parse_nodes, parse_topology
-
     items = parse_topology(topology_text)
     nodes = parse_nodes(nodes_text) if nodes_text else None
     if not items:  # no TopologyPlugin: every node under one switch
@@ -188,8 +187,6 @@ def load(cluster) -> tuple[Topology, str, bool]:
     local: an ideal tree of virtual nodes. SLURM: the snapshot directory when set; else live scontrol when
     it speaks for this cluster (`live_source`); else an ideal tree from cluster.nodes_per_level, saying why.
     """
-    from launcher.slurm import scontrol
-
     if cluster.executor == "slurm" and cluster.snapshot:
         source, live = f"snapshot {cluster.snapshot}", True
     elif cluster.executor == "slurm":
@@ -211,8 +208,6 @@ def live_source(cluster) -> tuple[bool, str]:
     read only when its ClusterName is cluster.slurm_name (default: cluster.name); `live` always reads
     it (failures are errors), `ideal` never does.
     """
-    from launcher.slurm import scontrol
-
     ideal_tree = "ideal tree (cluster.nodes_per_level)"
     if cluster.topology == "live":
         return True, "live scontrol (cluster.topology=live)"
