@@ -104,7 +104,7 @@ class Trainer:
             self.fedavg.average()
             self.aggregations += 1
         t_agg = self.clock.lap()
-        self.log.add(step, [t_fwd, t_bwd, t_opt, t_agg, t_fwd + t_bwd + t_opt + t_agg], loss, aggregated, lr)
+        self.log.add(step, metrics.StepTimes(t_fwd, t_bwd, t_opt, t_agg), loss, aggregated, lr)
         return loss.detach()
 
     def _enter(self, phase: str, step: int) -> None:

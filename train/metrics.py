@@ -11,13 +11,36 @@ import math
 import resource
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from .spec import write_atomic
 
-PHASES = ("forward", "backward", "optimizer", "aggregation")
+
+class StepTimes(NamedTuple):
+    """One step's phase times in seconds on this rank; `step` is their sum."""
+    forward: float
+    backward: float
+    optimizer: float
+    aggregation: float
+
+    @property
+    def step(self) -> float:
+        return self.forward + self.backward + self.optimizer + self.aggregation
+
+
+PHASES = StepTimes._fields
+
+
+class _Pending(NamedTuple):
+    step: int
+    times: StepTimes
+    loss: torch.Tensor
+    aggregated: bool
+    lr: float
+    elapsed_s: float
 
 
 class PhaseClock:
@@ -45,11 +68,11 @@ class PhaseClock:
 
 
 class StepLog:
-    """Collects [forward, backward, optimizer, aggregation, step] times + loss per step; rank 0 writes metrics.jsonl."""
+    """Collects StepTimes + loss per step; rank 0 writes metrics.jsonl."""
 
     def __init__(self, path: Path | None, world_size: int, device: str):
         self.path, self.world_size, self.device = path, world_size, device
-        self.pending: list[tuple[int, list[float], torch.Tensor, bool, float, float]] = []
+        self.pending: list[_Pending] = []
         self.rows: list[dict] = []
         self.start = time.perf_counter()
 
@@ -61,22 +84,25 @@ class StepLog:
         self.rows = [r for r in rows if r["step"] <= steps_done]
         write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
 
-    def add(self, step: int, times: list[float], loss: torch.Tensor, aggregated: bool, lr: float) -> None:
+    def add(self, step: int, times: StepTimes, loss: torch.Tensor, aggregated: bool, lr: float) -> None:
         elapsed = time.perf_counter() - self.start
-        self.pending.append((step, times, loss.detach(), aggregated, lr, elapsed))
+        self.pending.append(_Pending(step, times, loss.detach(), aggregated, lr, elapsed))
 
     def flush(self) -> list[dict]:
         if not self.pending:
             return []
-        times = torch.tensor([p[1] for p in self.pending], dtype=torch.float64, device=self.device)
-        losses = torch.stack([p[2].float() for p in self.pending]).to(torch.float64)
+        times = torch.tensor([[*p.times, p.times.step] for p in self.pending], dtype=torch.float64,
+                             device=self.device)
+        losses = torch.stack([p.loss.float() for p in self.pending]).to(torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         dist.all_reduce(losses, op=dist.ReduceOp.SUM)
         losses /= self.world_size
         new = []
-        for (step, _, _, aggregated, lr, elapsed_s), t, loss in zip(self.pending, times.tolist(), losses.tolist()):
-            row = {"step": step + 1, "loss": loss, "ppl": math.exp(min(loss, 700)), "lr": lr,
-                   **dict(zip(PHASES, t[:4])), "step_time": t[4], "aggregated": aggregated, "elapsed_s": elapsed_s}
+        for p, t, loss in zip(self.pending, times.tolist(), losses.tolist()):
+            *phases, step_time = t  # each a max over ranks, so step_time is not the sum of the maxima
+            row = {"step": p.step + 1, "loss": loss, "ppl": math.exp(min(loss, 700)), "lr": p.lr,
+                   **dict(zip(PHASES, phases)), "step_time": step_time, "aggregated": p.aggregated,
+                   "elapsed_s": p.elapsed_s}
             new.append(row)
         self.pending.clear()
         self.rows += new
