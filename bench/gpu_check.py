@@ -3,7 +3,7 @@
 Runs the four strategies over the node's GPUs (NCCL, bf16 compute over fp32 master weights) for a few
 steps of a small Llama through the real entrypoint (`torchrun -m train SPEC.json`), and checks:
 
-1. the first steps' losses against the same strategy in fp32 on CPU ranks (gloo): relative difference
+1. every step's loss (--compare: the first N) against the same strategy in fp32 on CPU ranks (gloo): relative difference
    within --tolerance (default 2 %: bf16 keeps 8 bits of mantissa, so the losses agree to ~3 digits);
 2. averaging identical bf16 models is a no-op: FL+FSDP with 3 groups of 1 rank, bf16 parameters
    (precision=paper) and a learning rate of 1e-30, so the groups never diverge, gives bitwise the same
@@ -73,7 +73,7 @@ def spec(run_id: str, strategy: str, layout, out: Path, args, device: str, preci
 
 def check_strategies(args, device: str, out: Path) -> bool:
     ok = True
-    print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7}  first {args.compare} losses vs fp32 CPU")
+    print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7}  {args.compare} step losses vs fp32 CPU")
     for strategy, layout in layouts(args.ranks).items():
         result, losses = train(spec(f"{strategy}-{device}", strategy, layout, out, args, device, "bf16"),
                                args.ranks, out, device)

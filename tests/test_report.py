@@ -179,3 +179,11 @@ def test_bad_json_and_empty_sweep(tmp_path):
     (tmp_path / "broken" / "result.json").write_text("{not json")
     with pytest.raises(StateError, match=r"broken[/\\]result\.json"):
         load_results(tmp_path)
+
+
+def test_checkpoint_time_column_only_when_checkpoints_were_timed():
+    assert "Checkpoint time (s)" not in table3(SWEEP).columns
+    timed = [dict(SWEEP[-1], checkpoint_s=3.5)] + SWEEP[:-1]
+    t = table3(timed)
+    assert t.columns[t.columns.index("Training time (s)") + 1] == "Checkpoint time (s)"
+    assert column(t, "Checkpoint time (s)")[0] == 3.5  # the FSDP row comes first

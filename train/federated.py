@@ -73,9 +73,9 @@ class FedAvg:
         with torch.no_grad():
             for chunk in self._chunks(self.tensors()):
                 sizes = [t.numel() for t in chunk]
-                flat, received = self._buffers(chunk)
+                summed = chunk[0].element_size() >= 4  # fp32: flat holds the sum, divided while copied back
+                flat, received = self._buffers(chunk[0], sum(sizes), receive=not summed)
                 torch.cat([t.reshape(-1) for t in chunk], out=flat[:sum(sizes)])
-                summed = flat.element_size() >= 4  # fp32: flat holds the sum, divided while copied back
                 if self.replica == 0:
                     self._reduce_across_groups(flat, received, summed)
                 if self.replicated:
@@ -86,7 +86,7 @@ class FedAvg:
                     else:
                         t.copy_(value.view_as(t))
 
-    def _reduce_across_groups(self, flat: torch.Tensor, received: torch.Tensor, summed: bool) -> None:
+    def _reduce_across_groups(self, flat: torch.Tensor, received: torch.Tensor | None, summed: bool) -> None:
         """flat <- its sum over the fed group (fp32) or its mean, summed in fp32 (16-bit; module docstring)."""
         if summed:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.fed_group)
@@ -95,15 +95,18 @@ class FedAvg:
         mine = received.view(self.F, -1).sum(dim=0, dtype=torch.float32).div_(self.F).to(flat.dtype)
         _all_gather(flat, mine, group=self.fed_group)
 
-    def _buffers(self, chunk: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Send and receive buffers, padded to a multiple of F and kept between averagings (a fresh
-        allocation per event costs page faults); the padding is zeroed so it averages to zero."""
-        numel = -(-sum(t.numel() for t in chunk) // self.F) * self.F
-        if self.buffer is None or self.buffer.shape[1] < numel or self.buffer.dtype != chunk[0].dtype:
-            self.buffer = torch.empty(2, numel, dtype=chunk[0].dtype, device=chunk[0].device)
-        flat, received = self.buffer[0, :numel], self.buffer[1, :numel]
-        flat[sum(t.numel() for t in chunk):].zero_()
-        return flat, received
+    def _buffers(self, like: torch.Tensor, used: int, receive: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The flat buffer (and, for the all_to_all, a receive buffer), padded to a multiple of F and kept
+        between averagings (a fresh allocation per event costs page faults); the padding is zeroed so it
+        averages to zero. The fp32 all_reduce needs no receive buffer, so none is allocated for it."""
+        numel = -(-used // self.F) * self.F
+        rows = 2 if receive else 1
+        if (self.buffer is None or self.buffer.shape[0] < rows or self.buffer.shape[1] < numel
+                or self.buffer.dtype != like.dtype):
+            self.buffer = torch.empty(rows, numel, dtype=like.dtype, device=like.device)
+        flat = self.buffer[0, :numel]
+        flat[used:].zero_()
+        return flat, self.buffer[1, :numel] if receive else None
 
     def _chunks(self, tensors: list[torch.Tensor]):
         """Consecutive runs of same-dtype tensors up to chunk_bytes each."""

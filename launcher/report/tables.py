@@ -137,6 +137,9 @@ def table3(results: list[dict]) -> Table:
         *_config_columns(),
         *([("Runs", "auto", lambda r: r["repeats"])] if spread else []),
         ("Training time (s)", "fixed", value("train_time_s")),
+        # timed apart from training, so shown beside it when there were any
+        *([("Checkpoint time (s)", "fixed", lambda r: r.get("checkpoint_s"))]
+          if any(r.get("checkpoint_s") for r in rows) else []),
         ("Tokens/s", "count", value("tokens_per_s")),
         ("Train PPL", "fixed", lambda r: r["train_ppl"]),
         ("Eval PPL", "fixed", value("eval_ppl")),
@@ -144,8 +147,6 @@ def table3(results: list[dict]) -> Table:
         ("× faster than FSDP", "ratio", ratio("train_time_s")),
         ("× lower eval PPL than FSDP", "ratio", ratio("eval_ppl")),
     ]
-    if any(r.get("checkpoint_s") for r in rows):  # timed apart from training, so shown beside it
-        columns.insert(len(columns) - 6, ("Checkpoint time (s)", "fixed", lambda r: r.get("checkpoint_s")))
     if any(r.get("predicted_ratio_to_fsdp") for r in rows):  # from plan.json: the cost model's view
         columns.append(("× less comm than FSDP (predicted)", "ratio",
                         lambda r: 1 / r["predicted_ratio_to_fsdp"] if r.get("predicted_ratio_to_fsdp") else None))
