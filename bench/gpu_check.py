@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from train.result import RunResult
+
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, per GPU
 
 
@@ -59,7 +61,7 @@ def train(spec: dict, ranks: int, out: Path, device: str) -> tuple[dict, list[fl
         raise RuntimeError(f"{spec['run_id']} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
     run_dir = Path(spec["out_dir"])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return json.loads((run_dir / "result.json").read_text()), [r["loss"] for r in rows]
+    return RunResult.load(run_dir / "result.json"), [r["loss"] for r in rows]
 
 
 def spec(run_id: str, strategy: str, layout, out: Path, args, device: str, precision: str, **train) -> dict:
@@ -82,8 +84,8 @@ def check_strategies(args, device: str, out: Path) -> bool:
         worst = max(abs(a - b) / abs(b) for a, b in zip(losses[:args.compare], reference[:args.compare]))
         passed = worst <= args.tolerance
         ok &= passed
-        mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "-"
-        print(f"{strategy:<8} {str(layout).replace(' ', ''):<10} {result['tokens_per_s_per_device']:>12,.0f} "
+        mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
+        print(f"{strategy:<8} {str(layout).replace(' ', ''):<10} {result.tokens_per_s_per_device:>12,.0f} "
               f"{mfu:>7}  max rel diff {worst:.2e} {'ok' if passed else f'FAIL (> {args.tolerance:g})'}")
     skipped = sorted({"fsdp", "hsdp", "fl_fsdp", "fl_hsdp"} - set(layouts(args.ranks)))
     if skipped:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 from launcher.secrets import redact
+from train.sections import reject_unknown
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ACTIONS = ("run", "plan", "report")
@@ -115,10 +116,7 @@ class Settings:
 
 
 def _typed(cls, raw: dict, where: str):
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"unknown {where} key(s): {', '.join(unknown)}")
+    reject_unknown(where, raw, (f.name for f in fields(cls)), ConfigError)
     try:
         obj = cls(**raw)
     except TypeError as exc:  # a required key is missing
@@ -192,10 +190,7 @@ def compose(overrides: list[str]) -> Settings:
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_first_line(exc)) from None
     raw.pop("hydra", None)
-    known = {f.name for f in fields(Settings)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"unknown top-level key(s): {', '.join(unknown)}")
+    reject_unknown("top-level", raw, (f.name for f in fields(Settings)), ConfigError)
     if raw["action"] not in ACTIONS:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")
     if not _is(raw["retries"], int) or raw["retries"] < 0:

@@ -46,3 +46,17 @@ def losses(run_dir: Path) -> list[tuple]:
 
 def children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def make_result(**fields):
+    """A RunResult of a small finished run, any field replaced (for tests of what reads results)."""
+    from train.result import RunResult, Stats
+
+    idle = Stats(None, None, 0)
+    base = dict(run_id="fsdp-F1-R1-S4", strategy="fsdp", F=1, R=1, S=4, A=None, world_size=4, steps=8, seq_len=16,
+                batch_per_rank=2, tokens=1024, train_time_s=10.0, tokens_per_s=102.4, tokens_per_s_per_device=25.6,
+                train_ppl=60.0, eval_ppl=50.0, eval_time_s=0.5, floor_ppl=3.0,
+                phases={p: idle for p in ("forward", "backward", "optimizer", "aggregation")},
+                aggregation_event=idle, aggregations=0, timing="phases", precision="fp32", params=1000,
+                peak_memory_bytes=10**6, mfu=None, device="cpu", backend="gloo", data={"kind": "synthetic"}, ranks=[])
+    return RunResult(**{**base, **fields})

@@ -10,9 +10,7 @@ import submitit
 
 from tests.support import clean_env
 from train.job import TrainJob
-
-RESULT_KEYS = {"strategy", "F", "R", "S", "A", "world_size", "steps", "tokens", "train_time_s", "tokens_per_s",
-               "train_ppl", "eval_ppl", "eval_time_s", "phases", "aggregations", "ranks"}
+from train.result import RunResult
 
 
 def _spec(tmp_path, **over):
@@ -25,24 +23,23 @@ def _spec(tmp_path, **over):
 
 
 def _check_result(run_dir: Path, world: int, steps: int, aggregations: int):
-    result = json.loads((run_dir / "result.json").read_text())
-    assert RESULT_KEYS <= set(result)
-    assert result["world_size"] == world and result["steps"] == steps
-    assert result["aggregations"] == aggregations
-    assert sorted(r["rank"] for r in result["ranks"]) == list(range(world))
-    assert set(result["phases"]) == {"forward", "backward", "optimizer", "aggregation"}
-    assert result["eval_ppl"] > result["floor_ppl"] > 1
+    result = RunResult.load(run_dir / "result.json")  # every key present, none unknown
+    assert result.world_size == world and result.steps == steps
+    assert result.aggregations == aggregations
+    assert sorted(r.rank for r in result.ranks) == list(range(world))
+    assert set(result.phases) == {"forward", "backward", "optimizer", "aggregation"}
+    assert result.eval_ppl > result.floor_ppl > 1
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
-    assert sum(r["aggregated"] for r in rows) == steps // result["A"]  # plus the final average
+    assert sum(r["aggregated"] for r in rows) == steps // result.A  # plus the final average
     # Phases per step over the same steps, the first (warm-up) left out; aggregation per FedAvg event apart.
     timed = rows[1:]
-    for name, stats in result["phases"].items():
-        assert stats["n"] == len(timed)
-        assert stats["mean"] == pytest.approx(sum(r[name] for r in timed) / len(timed), rel=1e-9)
+    for name, stats in result.phases.items():
+        assert stats.n == len(timed)
+        assert stats.mean == pytest.approx(sum(r[name] for r in timed) / len(timed), rel=1e-9)
     events = [r["aggregation"] for r in timed if r["aggregated"]]
-    assert result["aggregation_event"]["n"] == len(events)
-    assert result["aggregation_event"]["mean"] == pytest.approx(sum(events) / len(events), rel=1e-9)
+    assert result.aggregation_event.n == len(events)
+    assert result.aggregation_event.mean == pytest.approx(sum(events) / len(events), rel=1e-9)
     return result
 
 
@@ -66,7 +63,7 @@ def test_slurm_env_rendezvous_on_rank0_host_without_master_addr(tmp_path):
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
     result = _check_result(tmp_path / "run", world=2, steps=7, aggregations=3)
-    assert sorted(r["topology_addr"] for r in result["ranks"]) == ["spine.leaf1.node0", "spine.leaf1.node1"]
+    assert sorted(r.topology_addr for r in result.ranks) == ["spine.leaf1.node0", "spine.leaf1.node1"]
     assert not list((tmp_path / "run").glob(".rendezvous-*")), "rendezvous file left behind"
 
 
@@ -77,5 +74,5 @@ def test_submitit_local_executor_runs_the_picklable_job(tmp_path):
     executor.update_parameters(tasks_per_node=2, nodes=1, timeout_min=10)
     job = executor.submit(job_fn)
     results = job.results()
-    assert results[1] is None and results[0]["world_size"] == 2
+    assert results[1] is None and results[0] == RunResult.load(tmp_path / "run" / "result.json")
     _check_result(tmp_path / "run", world=2, steps=7, aggregations=3)

@@ -1,5 +1,6 @@
 """Report tables and plots, from hand-made result files whose expected ratios are computed from the inputs."""
 import csv
+import dataclasses
 import io
 import json
 import statistics
@@ -12,6 +13,7 @@ from launcher.report.plots import plots
 from launcher.report.results import group_repeats, load_results
 from launcher.report.tables import Table, table3, table4
 from launcher.report.write import write_report
+from train.result import RunResult, Stats
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -20,8 +22,12 @@ def phase(mean, std=0.0, n=4):
     return {"mean": mean, "std": std, "n": n}
 
 
+def stats(mean, std=0.0, n=4):
+    return Stats(mean, std, n)
+
+
 def result(run_id, strategy, F, R, S, A, time, eval_ppl, fwd=1.0, agg=None, world=4, params=1000, floor=3.0, **kw):
-    """A test input shaped like train.loop's result.json."""
+    """A test input read as train.loop's result.json is (RunResult.from_dict checks its shape)."""
     r = {"run_id": run_id, "strategy": strategy, "F": F, "R": R, "S": S, "A": A, "world_size": world, "steps": 8,
          "seq_len": 16, "batch_per_rank": 2, "tokens": 1024, "train_time_s": time, "tokens_per_s": 1024 / time,
          "tokens_per_s_per_device": 1024 / time / world, "train_ppl": eval_ppl * 1.1, "eval_ppl": eval_ppl,
@@ -33,7 +39,7 @@ def result(run_id, strategy, F, R, S, A, time, eval_ppl, fwd=1.0, agg=None, worl
          "peak_memory_bytes": 10**6, "mfu": None, "device": "cpu", "backend": "gloo", "data": {"kind": "markov"},
          "ranks": [{"rank": 0, "host": "h", "topology_addr": None}]}
     r.update(kw)
-    return r
+    return RunResult.from_dict(r)
 
 
 SWEEP = [  # written in an order unlike the report's
@@ -49,9 +55,9 @@ ORDER = ["fsdp-F1-R1-S4", "hsdp-F1-R2-S2", "fl_fsdp-F2-R1-S2-A4", "fl_fsdp-F2-R1
 
 def write_sweep(root, results):
     for r in results:
-        run = root / r["run_id"]
+        run = root / r.run_id
         run.mkdir()
-        (run / "result.json").write_text(json.dumps(r))
+        r.save(run / "result.json")
         steps = [{"step": i, "loss": 5.0 - i * 0.3, "ppl": 150.0 / (i + 1), "lr": 1e-3, "forward": 0.1,
                   "backward": 0.2, "optimizer": 0.05, "aggregation": 0.0, "step_time": 0.35,
                   "aggregated": False, "elapsed_s": 0.35 * (i + 1)} for i in range(8)]
@@ -69,7 +75,7 @@ def csv_rows(table):
 
 def test_load_sorts_by_run_id_and_group_merges_repeats(tmp_path):
     results = load_results(write_sweep(tmp_path, SWEEP))
-    assert [r["run_id"] for r in results] == sorted(r["run_id"] for r in SWEEP)
+    assert [r.run_id for r in results] == sorted(r.run_id for r in SWEEP)
     merged = {r["run_id"]: r for r in group_repeats(results)}
     assert set(merged) == set(ORDER)
     rep = merged["fl_fsdp-F2-R1-S2-A4"]
@@ -78,12 +84,12 @@ def test_load_sorts_by_run_id_and_group_merges_repeats(tmp_path):
     assert rep["eval_ppl_std"] == pytest.approx(statistics.stdev([24.0, 26.0]))
     assert rep["tokens_per_s"] == pytest.approx((1024 / 12 + 1024 / 13) / 2)
     assert rep["F"] == 2 and isinstance(rep["F"], int) and rep["A"] == 4
-    assert rep["phases"]["forward"] == {"mean": 2.0, "std": pytest.approx(1.0), "n": 8}  # pooled: 4×1.0 and 4×3.0
-    assert rep["phases"]["aggregation"]["n"] == 8 and rep["aggregation_event"]["n"] == 4
+    assert rep["runs"] == ["fl_fsdp-F2-R1-S2-A4-rep1", "fl_fsdp-F2-R1-S2-A4-rep2"]
+    assert rep["phases"]["forward"] == stats(2.0, pytest.approx(1.0), 8)  # pooled: 4×1.0 and 4×3.0
+    assert rep["phases"]["aggregation"].n == 8 and rep["aggregation_event"].n == 4
     single = merged["hsdp-F1-R2-S2"]
     assert single["repeats"] == 1 and single["train_time_s_std"] is None
-    assert single["aggregation_event"] == {"mean": None, "std": None, "n": 0}
-    assert group_repeats(group_repeats(results)) == group_repeats(results)
+    assert single["aggregation_event"] == Stats(None, None, 0)
 
 
 def test_table3_order_ratios_and_none(tmp_path):
@@ -138,8 +144,8 @@ def test_paper_columns_only_for_paper_layouts(tmp_path):
     paper = [result("fsdp-8b", "fsdp", 1, 1, 512, None, 700.0, 480.0, world=512, params=p, floor=None),
              result("fl_hsdp-8b", "fl_hsdp", 16, 8, 4, 8, 100.0, 250.0, agg=0.1, world=512, params=p, floor=None),
              result("fl_hsdp-8b-A4", "fl_hsdp", 16, 8, 4, 4, 90.0, 260.0, agg=0.1, world=512, params=p, floor=None)]
-    assert [reproduces_paper(r) for r in paper] == [True, True, False]
-    assert reproduces_paper(dict(paper[0], A=3)) and not reproduces_paper(dict(paper[0], params=p - 1))
+    assert [reproduces_paper(vars(r)) for r in paper] == [True, True, False]
+    assert reproduces_paper(dict(vars(paper[0]), A=3)) and not reproduces_paper(dict(vars(paper[0]), params=p - 1))
     t3 = table3(paper)
     assert column(t3, "A") == [None, 4, 8]
     assert column(t3, "Paper time (s)") == [770.54, None, 101.04]
@@ -183,7 +189,19 @@ def test_bad_json_and_empty_sweep(tmp_path):
 
 def test_checkpoint_time_column_only_when_checkpoints_were_timed():
     assert "Checkpoint time (s)" not in table3(SWEEP).columns
-    timed = [dict(SWEEP[-1], checkpoint_s=3.5)] + SWEEP[:-1]
+    timed = [dataclasses.replace(SWEEP[-1], checkpoint_s=3.5)] + SWEEP[:-1]
     t = table3(timed)
     assert t.columns[t.columns.index("Training time (s)") + 1] == "Checkpoint time (s)"
     assert column(t, "Checkpoint time (s)")[0] == 3.5  # the FSDP row comes first
+
+
+def test_predicted_column_from_the_plan_beside_grouped_repeats(tmp_path):
+    results = load_results(write_sweep(tmp_path, SWEEP))
+    assert "× less comm than FSDP (predicted)" not in table3(results).columns
+    plan = {"runs": [{"run_id": r.run_id, "predicted_ratio_to_fsdp": 0.25 if r.strategy == "fl_fsdp" else None}
+                     for r in SWEEP]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    write_report(tmp_path, results)
+    rows = csv_rows(table3(results, {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in plan["runs"]}))
+    assert [r["× less comm than FSDP (predicted)"] for r in rows] == ["", "", "4.0", "4.0", ""]
+    assert "× less comm than FSDP (predicted)" in (tmp_path / "table3.md").read_text()

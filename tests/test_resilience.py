@@ -14,6 +14,7 @@ import submitit
 
 from tests.support import children, clean_env, losses, steps_logged, wait_for
 from train.job import TrainJob
+from train.result import RunResult
 
 STEPS = 80
 
@@ -32,7 +33,7 @@ def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypa
     for key, value in clean_env().items():
         monkeypatch.setenv(key, value)
     reference = _submit_local(tmp_path, "reference")
-    assert reference.results()[0]["resumed_from_step"] == 0
+    assert reference.results()[0].resumed_from_step == 0
 
     job = _submit_local(tmp_path, "preempted")
     run_dir = tmp_path / "preempted"
@@ -41,10 +42,10 @@ def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypa
         os.kill(task, signal.SIGUSR2)
     result = job.results()[0]
     # No periodic checkpoints were asked for: the one resumed from was written on the signal.
-    assert 20 <= result["resumed_from_step"] < STEPS
-    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{result['resumed_from_step']:06d}"]
+    assert 20 <= result.resumed_from_step < STEPS
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{result.resumed_from_step:06d}"]
     assert losses(run_dir) == losses(tmp_path / "reference")
-    assert result["aggregations"] == reference.results()[0]["aggregations"]
+    assert result.aggregations == reference.results()[0].aggregations
 
 
 SWEEP = ["sweep=smoke", "model=tiny", "sweep.strategies=[fl_fsdp]", f"sweep.train.steps={STEPS}",
@@ -94,7 +95,7 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_pat
     out = _finish(_launcher(tmp_path / "orphan"))
     assert f"reattached {RUN_ID} to job {job_id} (attempt 1)" in out and f"submitted {RUN_ID}" not in out
     run_dir = tmp_path / "orphan" / "smoke" / RUN_ID
-    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] == 0
+    assert RunResult.load(run_dir / "result.json").resumed_from_step == 0
     assert _manifest(tmp_path / "orphan")["state"] == "COMPLETED"
     assert losses(run_dir) == losses(reference)
 
@@ -103,7 +104,7 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_pat
     out = _finish(_launcher(tmp_path / "session"))
     assert f"reattached {RUN_ID}" in out and f"submitted {RUN_ID}" in out and "(attempt 2)" in out
     run_dir = tmp_path / "session" / "smoke" / RUN_ID
-    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] >= 20
+    assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
     assert _manifest(tmp_path / "session")["state"] == "COMPLETED"
     assert losses(run_dir) == losses(reference)
 

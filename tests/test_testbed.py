@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, losses, wait_for
+from train.result import RunResult
 
 TESTBED = [sys.executable, str(ROOT / "slurm" / "testbed" / "testbed.py")]
 LAB = str(ROOT / "slurm" / "testbed" / "lab")
@@ -82,12 +83,12 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
     entries = [json.loads(line) for line in (sweep / "manifest.jsonl").read_text().splitlines()]
     states = {e["run_id"]: e["state"] for e in entries}
     assert states == {"fsdp-F1-R1-S8": "COMPLETED", "fl_hsdp-F2-R2-S2-A2": "COMPLETED"}
-    result = json.loads((sweep / "fl_hsdp-F2-R2-S2-A2" / "result.json").read_text())
-    nodes = [r["node"] for r in sorted(result["ranks"], key=lambda r: r["rank"])]
+    result = RunResult.load(sweep / "fl_hsdp-F2-R2-S2-A2" / "result.json")
+    nodes = [r.node for r in sorted(result.ranks, key=lambda r: r.rank)]
     # leaf1 holds tb2 and tb4: federation group 0 lives there, so rank 0 is on tb2, not on tb1
     # (the allocation's first node, where srun put task 0) -- and the rendezvous still worked.
     assert nodes == ["tb2", "tb2", "tb4", "tb4", "tb1", "tb1", "tb3", "tb3"]
-    assert {r["topology_addr"] for r in result["ranks"]} >= {"spine.leaf1.tb2", "spine.leaf2.tb1"}
+    assert {r.topology_addr for r in result.ranks} >= {"spine.leaf1.tb2", "spine.leaf2.tb1"}
     placement = (sweep / "placement.md").read_text()
     assert "| fl_hsdp-F2-R2-S2-A2 | 1.40 | 0.12 | 0.01 | ok |" in placement, placement
     assert "Table 3" in proc.stdout
@@ -107,8 +108,8 @@ def test_pinned_mode_orders_ranks_with_a_hostfile(testbed, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "smoke" / "fl_hsdp-F2-R2-S2-A2"
     assert (run_dir / "hostfile").read_text().split() == ["tb2", "tb2", "tb4", "tb4", "tb1", "tb1", "tb3", "tb3"]
-    result = json.loads((run_dir / "result.json").read_text())
-    assert [r["node"] for r in sorted(result["ranks"], key=lambda r: r["rank"])] == \
+    result = RunResult.load(run_dir / "result.json")
+    assert [r.node for r in sorted(result.ranks, key=lambda r: r.rank)] == \
         ["tb2", "tb2", "tb4", "tb4", "tb1", "tb1", "tb3", "tb3"]
 
 
@@ -156,7 +157,7 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     out, entry = _sweep_with_fault(tmp_path / "cancelled", lambda job: lab("scancel", job).check_returncode())
     assert "retrying 1 failed run(s)" in out and entry["state"] == "COMPLETED" and entry["attempts"] == 2
     run_dir = tmp_path / "cancelled" / "smoke" / RESUME_RUN
-    assert json.loads((run_dir / "result.json").read_text())["resumed_from_step"] >= 20
+    assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
     # The retry was submitted only after the cancelled job's last task had stopped writing.
     retried_at = next((run_dir / "submitit" / "attempt2").glob("*_submitted.pkl")).stat().st_mtime
     assert max(p.stat().st_mtime for p in (run_dir / "submitit" / "attempt1").iterdir()) <= retried_at
@@ -168,8 +169,8 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     out, entry = _sweep_with_fault(tmp_path / "preempted", signal)
     assert entry["state"] == "COMPLETED" and entry["attempts"] == 1 and "retrying" not in out
     run_dir = tmp_path / "preempted" / "smoke" / RESUME_RUN
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["resumed_from_step"] >= 20
+    result = RunResult.load(run_dir / "result.json")
+    assert result.resumed_from_step >= 20
     assert lab("scontrol", "show", "job", entry["job_id"]).stdout.count("Restarts=1") == 1
     assert losses(run_dir) == reference
 

@@ -7,7 +7,7 @@ needs no iterator state. Generators are seeded from ``SeedSequence([seed, domain
 the domain tag keeps chain construction, training and eval draws apart (SeedSequence
 zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide).
 
-``data`` dict schema (unknown keys are a DataError):
+``data`` section schema (train.sections; unknown keys are a DataError):
 
 ``{"kind": "synthetic", "vocab": int = min(model_vocab, 512), "branching": int = 8,
 "eval_sequences": int = 64}``
@@ -37,25 +37,17 @@ import numpy as np
 import torch
 
 from train.errors import DataError
-from train.presets import DATA_KEYS
+from train.sections import DataSection, SyntheticData, TextData, data_section
 
 _CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
-_TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
 
 
 def _rng(seed: int, domain: int, *ids: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, domain, *ids]))
 
 
-def _check_keys(data: dict, allowed: set) -> None:
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise DataError(f"unknown data keys for kind {data['kind']!r}: {', '.join(map(str, unknown))}")
-
-
-def _int(data: dict, key: str, default: int, lo: int, hi: int) -> int:
-    value = data.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+def _in_range(key: str, value: int, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
         raise DataError(f"data.{key} must be an integer in [{lo}, {hi}], got {value!r}")
     return value
 
@@ -134,22 +126,6 @@ class SyntheticSource(TokenSource):
                 "entropy_rate": self.entropy_rate, "floor_ppl": self.floor_ppl, "eval_sequences": self.eval_sequences}
 
 
-def _text_files(paths: list) -> list[Path]:
-    files = []
-    for p in map(Path, paths):
-        if not p.exists():
-            raise DataError(f"data path does not exist: {p}")
-        if p.is_dir():
-            files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in _TEXT_SUFFIXES)
-        elif p.suffix in _TEXT_SUFFIXES:
-            files.append(p)
-        else:
-            raise DataError(f"unsupported data file {p} (expected .txt, .jsonl or .parquet)")
-    if not files:
-        raise DataError(f"no .txt/.jsonl/.parquet files found in {', '.join(map(str, paths))}")
-    return files
-
-
 def _documents(file: Path, key: str) -> list[str]:
     try:
         if file.suffix == ".txt":
@@ -179,8 +155,6 @@ def _documents(file: Path, key: str) -> list[str]:
 
 
 def _load_tokenizer(directory: str):
-    if not Path(directory).is_dir():
-        raise DataError(f"tokenizer directory does not exist: {directory}")
     from transformers import AutoTokenizer  # heavy import, only needed for text data
 
     try:
@@ -193,13 +167,13 @@ def _load_tokenizer(directory: str):
 class TextSource(TokenSource):
     """Local text packed into fixed blocks; the tail blocks are the held-out eval set."""
 
-    def __init__(self, paths: list, tokenizer: str, eval_fraction: float, text_key: str,
-                 model_vocab: int, seq_len: int, seed: int):
+    def __init__(self, data: TextData, model_vocab: int, seq_len: int, seed: int):
+        files = data.files()  # checks the tokenizer directory too
+        paths, tokenizer, eval_fraction = data.paths, data.tokenizer, float(data.eval_fraction)
         tok = _load_tokenizer(tokenizer)
         if len(tok) > model_vocab:
             raise DataError(f"tokenizer {tokenizer} has {len(tok)} tokens but the model vocab is {model_vocab}")
-        files = _text_files(paths)
-        docs = [d for f in files for d in _documents(f, text_key) if d]
+        docs = [d for f in files for d in _documents(f, data.text_key) if d]
         sep = [] if tok.eos_token_id is None else [tok.eos_token_id]
         ids = []
         for doc_ids in tok(docs, add_special_tokens=False, verbose=False)["input_ids"] if docs else []:
@@ -237,29 +211,15 @@ class TextSource(TokenSource):
                 "train_blocks": len(self.train_blocks), "eval_blocks": len(self.eval_blocks)}
 
 
-def build_source(data: dict, model_vocab: int, seq_len: int, seed: int) -> TokenSource:
-    """Validate the data spec up front so a bad config fails before any process group starts."""
-    if not isinstance(data, dict) or "kind" not in data:
-        raise DataError(f"data must be a dict with a 'kind' key, got {data!r}")
+def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed: int) -> TokenSource:
+    """The source a data section names. Its keys and types were checked by train.sections; what needs the
+    model's vocabulary (vocab and branching ranges) is checked here, before any process group starts."""
+    if isinstance(data, dict):
+        data = data_section(data)
     if not isinstance(seed, int) or seed < 0 or not isinstance(seq_len, int) or seq_len < 1:
         raise DataError(f"seed must be an int >= 0 and seq_len an int >= 1, got seed={seed!r} seq_len={seq_len!r}")
-    if data["kind"] == "synthetic":
-        _check_keys(data, {"kind", *DATA_KEYS["synthetic"]})
-        vocab = _int(data, "vocab", min(model_vocab, 512), 2, model_vocab)
-        return SyntheticSource(vocab, _int(data, "branching", 8, 1, vocab),
-                               _int(data, "eval_sequences", 64, 1, 1 << 20), seed)
-    if data["kind"] == "text":
-        _check_keys(data, {"kind", *DATA_KEYS["text"]})
-        paths, tokenizer = data.get("paths"), data.get("tokenizer")
-        if not isinstance(paths, list) or not paths or not all(isinstance(p, str) for p in paths):
-            raise DataError(f"data.paths must be a non-empty list of paths, got {paths!r}")
-        if not isinstance(tokenizer, str):
-            raise DataError(f"data.tokenizer must be a local directory path, got {tokenizer!r}")
-        fraction = data.get("eval_fraction", 0.01)
-        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction < 1:
-            raise DataError(f"data.eval_fraction must be in (0, 1), got {fraction!r}")
-        text_key = data.get("text_key", "text")
-        if not isinstance(text_key, str):
-            raise DataError(f"data.text_key must be a string, got {text_key!r}")
-        return TextSource(paths, tokenizer, float(fraction), text_key, model_vocab, seq_len, seed)
-    raise DataError(f"unknown data kind {data['kind']!r} (expected 'synthetic' or 'text')")
+    if isinstance(data, SyntheticData):
+        vocab = _in_range("vocab", min(model_vocab, 512) if data.vocab is None else data.vocab, 2, model_vocab)
+        return SyntheticSource(vocab, _in_range("branching", data.branching, 1, vocab),
+                               _in_range("eval_sequences", data.eval_sequences, 1, 1 << 20), seed)
+    return TextSource(data, model_vocab, seq_len, seed)

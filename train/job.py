@@ -2,6 +2,7 @@
 it; `python -m train SPEC.json` calls it too)."""
 from __future__ import annotations
 
+from .result import RunResult
 from .spec import RunSpec
 
 
@@ -11,7 +12,7 @@ class TrainJob:
     def __init__(self, spec_path: str):
         self.spec_path = str(spec_path)
 
-    def __call__(self) -> dict | None:
+    def __call__(self) -> RunResult | None:
         spec = RunSpec.load(self.spec_path)  # a bad spec fails before torch is even imported
         from .loop import run
 

@@ -16,22 +16,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from .result import PHASES, Stats, StepTimes
 from .spec import write_atomic
-
-
-class StepTimes(NamedTuple):
-    """One step's phase times in seconds on this rank; `step` is their sum."""
-    forward: float
-    backward: float
-    optimizer: float
-    aggregation: float
-
-    @property
-    def step(self) -> float:
-        return self.forward + self.backward + self.optimizer + self.aggregation
-
-
-PHASES = StepTimes._fields
 
 
 class _Pending(NamedTuple):
@@ -115,27 +101,19 @@ class StepLog:
         """The steps phase statistics cover: all but the first (warm-up) when there are others."""
         return self.rows[1:] if len(self.rows) > 1 else self.rows
 
-    def phase_stats(self) -> dict:
+    def phase_stats(self) -> dict[str, Stats]:
         """Mean and std per phase over the same steps, as the paper reports them: aggregation is a mean over
         every step, most of which do not average (about 1/A of a FedAvg event's time)."""
         rows = self._timed_rows()
-        return {phase: mean_std([r[phase] for r in rows]) for phase in PHASES}
+        return {phase: Stats.of([r[phase] for r in rows]) for phase in PHASES}
 
-    def aggregation_event_stats(self) -> dict:
+    def aggregation_event_stats(self) -> Stats:
         """Mean and std of the aggregation phase over the steps that averaged (the FedAvg events) only."""
-        return mean_std([r["aggregation"] for r in self._timed_rows() if r["aggregated"]])
+        return Stats.of([r["aggregation"] for r in self._timed_rows() if r["aggregated"]])
 
     def final_loss(self, window: int) -> float:
         tail = self.rows[-window:]
         return sum(r["loss"] for r in tail) / len(tail)
-
-
-def mean_std(values: list[float]) -> dict:
-    if not values:
-        return {"mean": None, "std": None, "n": 0}
-    mean = sum(values) / len(values)
-    var = sum((v - mean) ** 2 for v in values) / len(values)
-    return {"mean": mean, "std": math.sqrt(var), "n": len(values)}
 
 
 def peak_memory_bytes(device: str) -> int:

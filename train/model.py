@@ -5,22 +5,15 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .errors import SpecError
-from .presets import PRESETS
+from .sections import ModelSection, reject_unknown
 
 
-def llama_config(model: dict) -> LlamaConfig:
-    """A LlamaConfig from {"preset": name, **overrides} or a full set of LlamaConfig keys."""
-    model = dict(model)
-    preset = model.pop("preset", None)
-    if preset is not None and preset not in PRESETS:
-        raise SpecError(f"unknown model preset {preset!r}; expected one of {', '.join(PRESETS)}")
-    kwargs = {**PRESETS.get(preset, {}), **model}
-    known = set(LlamaConfig().to_dict()) | {"rope_scaling", "rope_theta"}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise SpecError(f"unknown model key(s): {', '.join(unknown)}")
-    if "hidden_size" not in kwargs:
-        raise SpecError("model needs a preset or explicit shapes (hidden_size, num_hidden_layers, ...)")
+def llama_config(model: ModelSection | dict) -> LlamaConfig:
+    """A LlamaConfig from a model section: {"preset": name, **overrides} or a full set of LlamaConfig keys."""
+    if isinstance(model, dict):
+        model = ModelSection.from_dict(model)
+    kwargs = model.llama_kwargs
+    reject_unknown("model", kwargs, set(LlamaConfig().to_dict()) | {"rope_scaling", "rope_theta"})
     config = LlamaConfig(**kwargs)
     config._attn_implementation = "sdpa"
     if config.hidden_size % config.num_attention_heads or config.num_attention_heads % config.num_key_value_heads:

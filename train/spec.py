@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
+from .sections import DataSection, ModelSection, SyntheticData, data_section, data_to_dict, reject_unknown
 
 STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 PRECISIONS = ("fp32", "bf16", "paper")
@@ -88,8 +89,8 @@ class RunSpec:
     out_dir: str
     A: int | None = None
     run_id: str = ""
-    model: dict = field(default_factory=lambda: {"preset": "tiny"})
-    data: dict = field(default_factory=lambda: {"kind": "synthetic"})
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=SyntheticData)
     train: TrainConfig = field(default_factory=TrainConfig)
     device: str = "auto"
     backend: str = "auto"
@@ -130,8 +131,6 @@ class RunSpec:
             raise SpecError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise SpecError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
-        if not isinstance(self.model, dict) or not isinstance(self.data, dict):
-            raise SpecError("model and data must be JSON objects")
         if not self.out_dir:
             raise SpecError("out_dir must be set")
         if self.peak_flops is not None and not self.peak_flops > 0:
@@ -142,7 +141,7 @@ class RunSpec:
         return self
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "model": self.model.to_dict(), "data": data_to_dict(self.data)}
 
     @classmethod
     def from_dict(cls, raw: dict) -> "RunSpec":
@@ -150,14 +149,16 @@ class RunSpec:
             raise SpecError("the spec must be a JSON object")
         raw = dict(raw)
         train = raw.pop("train", {}) or {}
-        _reject_unknown("spec", raw, cls)
-        _reject_unknown("train", train, TrainConfig)
+        reject_unknown("spec", raw, _names(cls))
+        reject_unknown("train", train, _names(TrainConfig))
         missing = [k for k in ("strategy", "F", "R", "S", "out_dir") if k not in raw]
         if missing:
             raise SpecError(f"spec is missing required key(s): {', '.join(missing)}")
         if "betas" in train:
             train["betas"] = tuple(train["betas"])
-        return cls(train=TrainConfig(**train), **raw).validate()
+        sections = {"model": ModelSection.from_dict(raw.pop("model", {"preset": "tiny"})),
+                    "data": data_section(raw.pop("data", {"kind": "synthetic"}))}
+        return cls(train=TrainConfig(**train), **sections, **raw).validate()
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RunSpec":
@@ -186,11 +187,8 @@ def default_run_id(spec: RunSpec) -> str:
     return run_id + (f"-A{spec.A}" if spec.A is not None else "")
 
 
-def _reject_unknown(where: str, raw: dict, cls) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise SpecError(f"unknown {where} key(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+def _names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -10,7 +10,8 @@ import matplotlib
 matplotlib.use("Agg")  # cluster nodes have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from launcher.report.tables import PHASES, paper_order  # noqa: E402
+from launcher.report.tables import paper_order  # noqa: E402
+from train.result import PHASES, RunResult  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -23,16 +24,16 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def plots(sweep_dir: Path, results: list[dict]) -> list[Path]:
+def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
     """ppl_vs_time.png (train perplexity per step vs wall time, floor dashed) and phases.png (mean step, stacked)."""
-    sweep_dir, results = Path(sweep_dir), sorted(results, key=paper_order)
+    sweep_dir, results = Path(sweep_dir), sorted(results, key=lambda r: paper_order(vars(r)))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in results:
-        path = sweep_dir / r["run_id"] / "metrics.jsonl"
+        path = sweep_dir / r.run_id / "metrics.jsonl"
         steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         if steps:
-            ax.plot([s["elapsed_s"] for s in steps], [s["ppl"] for s in steps], label=r["run_id"])
-    for floor in sorted({r["floor_ppl"] for r in results if r.get("floor_ppl") is not None}):
+            ax.plot([s["elapsed_s"] for s in steps], [s["ppl"] for s in steps], label=r.run_id)
+    for floor in sorted({r.floor_ppl for r in results if r.floor_ppl is not None}):
         ax.axhline(floor, linestyle="--", color="grey", label=f"floor {floor:.2f}")
     ax.set(yscale="log", xlabel="elapsed (s)", ylabel="train perplexity", title="Train perplexity vs wall time")
     if ax.lines:
@@ -43,10 +44,10 @@ def plots(sweep_dir: Path, results: list[dict]) -> list[Path]:
     x = list(range(len(results)))
     bottom = [0.0] * len(results)
     for phase in PHASES:
-        heights = [r["phases"][phase]["mean"] or 0.0 for r in results]  # Table 4's per-step means
+        heights = [r.phases[phase].mean or 0.0 for r in results]  # Table 4's per-step means
         ax.bar(x, heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.set_xticks(x, [r["run_id"] for r in results], rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(x, [r.run_id for r in results], rotation=30, ha="right", fontsize=7)
     ax.set(ylabel="seconds per step", title="Mean step by phase (as Table 4: aggregation per step)")
     ax.legend(fontsize=7)
     written.append(_save(fig, sweep_dir / "phases.png"))

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 from launcher.report.paper import NAMES, TABLES, reproduces_paper
 from launcher.report.results import group_repeats
-
-PHASES = ("forward", "backward", "optimizer", "aggregation")  # as in train.metrics, without importing torch
+from train.result import PHASES, RunResult, Stats
 
 
 def _sig3(x: float) -> str:
@@ -95,7 +94,7 @@ def paper_order(result: dict) -> tuple:
     return list(NAMES).index(result["strategy"]), result["F"], result["A"] or 0, result["run_id"]
 
 
-def _ordered(results: list[dict]) -> list[dict]:
+def _ordered(results: list[RunResult]) -> list[dict]:
     return sorted(group_repeats(results), key=paper_order)
 
 
@@ -114,8 +113,10 @@ def _paper(key: str):
     return lambda r: TABLES[r["strategy"]][key] if reproduces_paper(r) else None
 
 
-def table3(results: list[dict]) -> Table:
-    """Training time, throughput and perplexity per configuration, with ratios to the FSDP run of the same size."""
+def table3(results: list[RunResult], predicted: dict[str, float] | None = None) -> Table:
+    """Training time, throughput and perplexity per configuration, with ratios to the FSDP run of the same size;
+    `predicted` (run id -> predicted communication / FSDP's, from plan.json) adds the cost model's view."""
+    predicted = predicted or {}
     rows = _ordered(results)
     fsdp: dict[int, dict] = {}
     for r in rows:
@@ -138,8 +139,8 @@ def table3(results: list[dict]) -> Table:
         *([("Runs", "auto", lambda r: r["repeats"])] if spread else []),
         ("Training time (s)", "fixed", value("train_time_s")),
         # timed apart from training, so shown beside it when there were any
-        *([("Checkpoint time (s)", "fixed", lambda r: r.get("checkpoint_s"))]
-          if any(r.get("checkpoint_s") for r in rows) else []),
+        *([("Checkpoint time (s)", "fixed", lambda r: r["checkpoint_s"])]
+          if any(r["checkpoint_s"] for r in rows) else []),
         ("Tokens/s", "count", value("tokens_per_s")),
         ("Train PPL", "fixed", lambda r: r["train_ppl"]),
         ("Eval PPL", "fixed", value("eval_ppl")),
@@ -147,22 +148,25 @@ def table3(results: list[dict]) -> Table:
         ("× faster than FSDP", "ratio", ratio("train_time_s")),
         ("× lower eval PPL than FSDP", "ratio", ratio("eval_ppl")),
     ]
-    if any(r.get("predicted_ratio_to_fsdp") for r in rows):  # from plan.json: the cost model's view
-        columns.append(("× less comm than FSDP (predicted)", "ratio",
-                        lambda r: 1 / r["predicted_ratio_to_fsdp"] if r.get("predicted_ratio_to_fsdp") else None))
-    if any(r.get("floor_ppl") is not None for r in rows):
-        columns.append(("PPL floor", "fixed", lambda r: r.get("floor_ppl")))
+    def less_comm(r):
+        ratio = predicted.get(r["runs"][0])  # repeats share a layout, so a prediction
+        return 1 / ratio if ratio else None
+
+    if any(map(less_comm, rows)):
+        columns.append(("× less comm than FSDP (predicted)", "ratio", less_comm))
+    if any(r["floor_ppl"] is not None for r in rows):
+        columns.append(("PPL floor", "fixed", lambda r: r["floor_ppl"]))
     if any(map(reproduces_paper, rows)):
         columns += [("Paper time (s)", "fixed", _paper("train_time_s")),
                     ("Paper eval PPL", "fixed", _paper("eval_ppl"))]
     return _build("Table 3: training time, throughput and perplexity", columns, rows)
 
 
-def _mean_std(stats: dict | None):
-    return (stats["mean"], stats["std"]) if stats else None
+def _mean_std(stats: Stats):
+    return stats.mean, stats.std
 
 
-def table4(results: list[dict]) -> Table:
+def table4(results: list[RunResult]) -> Table:
     """Phase times per step, mean ± std over the same steps (the paper's basis: aggregation counts the steps
     that do not average as 0), then aggregation per FedAvg event, about A times the per-step figure."""
     rows = _ordered(results)
@@ -170,7 +174,7 @@ def table4(results: list[dict]) -> Table:
         *_config_columns(),
         *[(f"{p.capitalize()} (s)" if p != "aggregation" else "Aggregation per step (s)", "fixed",
            lambda r, p=p: _mean_std(r["phases"][p])) for p in PHASES],
-        ("Aggregation per FedAvg (s)", "fixed", lambda r: _mean_std(r.get("aggregation_event"))),
+        ("Aggregation per FedAvg (s)", "fixed", lambda r: _mean_std(r["aggregation_event"])),
         ("FedAvg events", "auto", lambda r: r["aggregations"]),
     ]
     if any(map(reproduces_paper, rows)):

@@ -8,27 +8,28 @@ from __future__ import annotations
 
 from launcher.placement import allocate
 from launcher.placement.topology import Topology
+from train.result import RunResult
 
 
-def achieved(result: dict, topo: Topology) -> dict:
+def achieved(result: RunResult, topo: Topology) -> dict:
     """{B_S, B_R, B_F, hierarchy_ok} in bytes/s, or {"unverifiable": reason} when nodes are not in the topology."""
-    by_rank = {r["rank"]: r.get("node") or r["host"] for r in result["ranks"]}
-    hosts = [by_rank[k] for k in range(result["world_size"])]
+    by_rank = {r.rank: r.where for r in result.ranks}
+    hosts = [by_rank[k] for k in range(result.world_size)]
     outside = sorted({h for h in hosts if h not in topo.parent})
     if outside:
         return {"unverifiable": f"ran on {', '.join(outside[:3])}, not in the topology"}
-    p = allocate.assess(result["F"], result["R"], result["S"], hosts, topo)
+    p = allocate.assess(result.F, result.R, result.S, hosts, topo)
     return {**p.bandwidth, "hierarchy_ok": p.hierarchy_ok}
 
 
-def placement_rows(results: list[dict], topo: Topology) -> tuple[list[str], list[list]]:
+def placement_rows(results: list[RunResult], topo: Topology) -> tuple[list[str], list[list]]:
     columns = ["Run", "B_S (GB/s)", "B_R (GB/s)", "B_F (GB/s)", "B_S >= B_R >= B_F"]
     rows = []
-    for result in sorted(results, key=lambda r: r["run_id"]):
+    for result in sorted(results, key=lambda r: r.run_id):
         got = achieved(result, topo)
         if "unverifiable" in got:
-            rows.append([result["run_id"], None, None, None, f"unknown ({got['unverifiable']})"])
+            rows.append([result.run_id, None, None, None, f"unknown ({got['unverifiable']})"])
         else:
-            rows.append([result["run_id"], *[None if got[k] is None else got[k] / 1e9 for k in ("B_S", "B_R", "B_F")],
+            rows.append([result.run_id, *[None if got[k] is None else got[k] / 1e9 for k in ("B_S", "B_R", "B_F")],
                          "ok" if got["hierarchy_ok"] else "BROKEN"])
     return columns, rows

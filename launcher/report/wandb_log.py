@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from train.result import RunResult
 
 MODES = ("offline", "online", "disabled")
 
@@ -28,13 +29,13 @@ def log_run(wandb_cfg: dict, sweep: str, run_dir: Path) -> None:
         return
     import wandb
 
-    result = json.loads((run_dir / "result.json").read_text())
+    result = RunResult.load(run_dir / "result.json")
     os.environ.setdefault("WANDB_SILENT", "true")
-    run = wandb.init(project=wandb_cfg.get("project", "fedshard"), group=sweep, name=result["run_id"],
+    run = wandb.init(project=wandb_cfg.get("project", "fedshard"), group=sweep, name=result.run_id,
                      mode=wandb_cfg["mode"], dir=str(run_dir.parent),
-                     config={k: result[k] for k in ("strategy", "F", "R", "S", "A", "world_size", "steps")})
+                     config={k: getattr(result, k) for k in ("strategy", "F", "R", "S", "A", "world_size", "steps")})
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-    run.summary.update({k: v for k, v in result.items() if isinstance(v, (int, float)) and v is not None})
+    run.summary.update({k: v for k, v in result.to_dict().items() if isinstance(v, (int, float)) and v is not None})
     run.finish()

@@ -10,19 +10,20 @@ from launcher.placement import topology
 from launcher.report.plots import plots
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
+from train.result import RunResult
 from train.spec import write_atomic
 
 
-def write_report(sweep_dir: Path, results: list[dict]) -> str:
+def write_report(sweep_dir: Path, results: list[RunResult]) -> str:
     """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown."""
     if not results:
         raise StateError(f"no results under {sweep_dir}")
     sweep_dir = Path(sweep_dir)
     plan_path = sweep_dir / "plan.json"
+    predicted = {}
     if plan_path.exists():  # put the cost model's prediction beside each measurement
         predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in json.loads(plan_path.read_text())["runs"]}
-        results = [{**r, "predicted_ratio_to_fsdp": predicted.get(r["run_id"])} for r in results]
-    tables = {"table3": table3(results), "table4": table4(results)}
+    tables = {"table3": table3(results, predicted), "table4": table4(results)}
     topo_path = sweep_dir / "topology.json"
     if topo_path.exists():  # saved at submission: check where the ranks really ran
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))

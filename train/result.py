@@ -1,0 +1,189 @@
+"""result.json as a type: what one finished run measured, written by rank 0 and read by every report.
+
+Torch-free, so the launcher, the reports and the tests read results with the same code the trainer writes
+them with. `RunResult.from_dict` refuses unknown and missing keys, naming them; docs/result-schema.md is
+generated from the field docs below (`python -m train.result`) and a test keeps it in step.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from .errors import FedshardError
+from .sections import reject_unknown
+from .spec import write_atomic
+
+
+class ResultError(FedshardError):
+    """A result.json that cannot be read as a RunResult."""
+
+
+class StepTimes(NamedTuple):
+    """One step's phase times in seconds on one rank; `step` is their sum."""
+    forward: float
+    backward: float
+    optimizer: float
+    aggregation: float
+
+    @property
+    def step(self) -> float:
+        return self.forward + self.backward + self.optimizer + self.aggregation
+
+
+PHASES = StepTimes._fields
+
+
+def _doc(text: str, **kw):
+    return field(metadata={"doc": text}, **kw)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Mean and population standard deviation of `n` samples (mean and std are null when n = 0)."""
+
+    mean: float | None
+    std: float | None
+    n: int
+
+    @classmethod
+    def of(cls, values: list[float]) -> "Stats":
+        if not values:
+            return cls(None, None, 0)
+        mean = sum(values) / len(values)
+        return cls(mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)), len(values))
+
+    @classmethod
+    def pool(cls, stats: list["Stats"]) -> "Stats":
+        """Exact mean and std over the union of the samples, from each part's (mean, std, n)."""
+        stats = [s for s in stats if s.n and s.mean is not None]
+        n = sum(s.n for s in stats)
+        if not n:
+            return cls(None, None, 0)
+        mean = sum(s.n * s.mean for s in stats) / n
+        square = sum(s.n * (s.std ** 2 + s.mean ** 2) for s in stats) / n
+        return cls(mean, math.sqrt(max(0.0, square - mean ** 2)), n)
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """Where one rank ran."""
+
+    rank: int
+    host: str
+    node: str | None = None  # SLURMD_NODENAME when SLURM started the rank, else the host name
+    topology_addr: str | None = None  # SLURM_TOPOLOGY_ADDR (switch path or block.node)
+
+    @property
+    def where(self) -> str:
+        return self.node or self.host
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's measurements. Times exclude checkpoints and logging, which are timed apart."""
+
+    run_id: str = _doc("the spec's run id, e.g. fl_hsdp-F2-R2-S2-A8 (-repN for repeats)")
+    strategy: str = _doc("fsdp, hsdp, fl_fsdp or fl_hsdp")
+    F: int = _doc("federation groups")
+    R: int = _doc("replicas per federation group")
+    S: int = _doc("shards per replica")
+    A: int | None = _doc("FedAvg period in optimizer steps (null for FSDP/HSDP)")
+    world_size: int = _doc("ranks: F x R x S")
+    steps: int = _doc("optimizer steps of the whole run")
+    seq_len: int = _doc("tokens per sequence")
+    batch_per_rank: int = _doc("sequences per rank per step")
+    tokens: int = _doc("tokens trained in this attempt (from resumed_from_step on)")
+    train_time_s: float = _doc("training wall time of this attempt, checkpoints and logging excluded")
+    tokens_per_s: float = _doc("tokens / train_time_s")
+    tokens_per_s_per_device: float = _doc("tokens_per_s / world_size")
+    train_ppl: float = _doc("exp of the mean training loss over the last min(log_every, steps) steps")
+    eval_ppl: float = _doc("perplexity on the held-out set after training (after the final FedAvg)")
+    eval_time_s: float = _doc("time of that evaluation")
+    floor_ppl: float | None = _doc("the data's best reachable perplexity (synthetic data), else null")
+    phases: dict[str, Stats] = _doc("per phase (forward, backward, optimizer, aggregation): max over ranks "
+                                    "per step, then mean/std over all steps but the first")
+    aggregation_event: Stats = _doc("the aggregation phase over the steps that ran a FedAvg only")
+    aggregations: int = _doc("FedAvg events, the final average included")
+    timing: str = _doc("phases (a barrier at each phase boundary) or end_to_end")
+    precision: str = _doc("fp32, bf16 or paper")
+    params: int = _doc("model parameters")
+    peak_memory_bytes: int = _doc("max over ranks: GPU peak allocation, or CPU peak resident set")
+    mfu: float | None = _doc("model FLOPs utilisation, when the cluster states peak_flops")
+    device: str = _doc("cpu or cuda")
+    backend: str = _doc("gloo or nccl")
+    data: dict = _doc("the data source's summary (kind, vocab, floor, files...)")
+    ranks: list[RankRecord] = _doc("where each rank ran: rank, host, node, topology_addr")
+    resumed_from_step: int = _doc("the checkpoint step this attempt resumed from (0: from scratch)", default=0)
+    checkpoint_s: float = _doc("time spent saving and loading checkpoints (not in train_time_s)", default=0.0)
+    checkpoints: int = _doc("checkpoints saved by this attempt", default=0)
+    logging_s: float = _doc("time spent flushing metrics (not in train_time_s)", default=0.0)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "RunResult":
+        if not isinstance(raw, dict):
+            raise ResultError("a result must be a JSON object")
+        reject_unknown("result", raw, _names(cls), ResultError)
+        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in raw]
+        if required:
+            raise ResultError(f"result is missing key(s): {', '.join(required)}")
+        phases = raw["phases"]
+        if not isinstance(phases, dict) or set(phases) != set(PHASES):
+            raise ResultError(f"result phases must be {', '.join(PHASES)}, got {phases!r}")
+        try:
+            return cls(**{**raw, "phases": {p: Stats(**phases[p]) for p in PHASES},
+                          "aggregation_event": Stats(**raw["aggregation_event"]),
+                          "ranks": [RankRecord(**r) for r in raw["ranks"]]})
+        except TypeError as exc:
+            raise ResultError(f"result is malformed: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RunResult":
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except json.JSONDecodeError as exc:
+            raise ResultError(f"{path}: not valid JSON ({exc})") from None
+        except ResultError as exc:
+            raise ResultError(f"{path}: {exc}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_atomic(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _type_name(hint) -> str:
+    args = typing.get_args(hint)
+    if args and typing.get_origin(hint) not in (list, dict):  # X | None
+        return " or ".join(_type_name(a) for a in args)  # "|" would split a markdown cell
+    if args:
+        return f"{typing.get_origin(hint).__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return "null" if hint is type(None) else hint.__name__
+
+
+def schema_markdown() -> str:
+    """docs/result-schema.md: one row per RunResult field, from its type and doc."""
+    hints = typing.get_type_hints(RunResult)
+    lines = ["# result.json", "", "Generated from `train/result.py` by `python -m train.result > "
+             "docs/result-schema.md`; a test checks it is current.", "", RunResult.__doc__, "",
+             "| key | type | meaning |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(RunResult):
+        lines.append(f"| `{f.name}` | `{_type_name(hints[f.name])}` | {f.metadata['doc']} |")
+    lines += ["", f"`Stats`: {{mean, std, n}}. {Stats.__doc__}", "",
+              f"`RankRecord`: {{rank, host, node, topology_addr}}. {RankRecord.__doc__}", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(schema_markdown())

@@ -1,0 +1,136 @@
+"""The spec's typed `model` and `data` sections, and the one unknown-key check every config reader uses.
+
+Pure Python (no torch, no transformers), so the launcher validates a sweep's model and data with the
+same code the job runs, before anything is submitted. What needs the model's vocabulary or the files
+themselves (vocab ranges, tokenizer loading) is checked where those exist: train/data.py and
+train/model.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Iterable, Mapping
+
+from .errors import DataError, FedshardError, SpecError
+from .presets import PRESETS
+
+
+def reject_unknown(where: str, raw: Mapping, known: Iterable[str], error: type[FedshardError] = SpecError) -> None:
+    """`unknown <where> key(s): a, b` for keys of `raw` outside `known`."""
+    unknown = sorted(map(str, set(raw) - set(known)))
+    if unknown:
+        raise error(f"unknown {where} key(s): {', '.join(unknown)}")
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """A preset's Llama shapes, with any LlamaConfig key overriding them (`{"preset": "tiny", "vocab_size": 511}`),
+    or explicit shapes with no preset. Which keys LlamaConfig accepts is checked by train.model.llama_config."""
+
+    preset: str | None = "tiny"
+    shapes: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping) -> "ModelSection":
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"model must be a mapping, got {raw!r}")
+        shapes = dict(raw)
+        preset = shapes.pop("preset", None)
+        if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
+            raise SpecError(f"unknown model preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        if preset is None and "hidden_size" not in shapes:
+            raise SpecError("model needs a preset or explicit shapes (hidden_size, num_hidden_layers, ...)")
+        return cls(preset, shapes)
+
+    @property
+    def llama_kwargs(self) -> dict:
+        return {**PRESETS.get(self.preset, {}), **self.shapes}
+
+    def to_dict(self) -> dict:
+        return {**({"preset": self.preset} if self.preset is not None else {}), **self.shapes}
+
+
+@dataclass(frozen=True)
+class SyntheticData:
+    """The known-floor Markov source (train.data.SyntheticSource); vocab None means min(model vocab, 512)."""
+
+    kind: ClassVar[str] = "synthetic"
+    vocab: int | None = None
+    branching: int = 8
+    eval_sequences: int = 64
+
+    def validate(self) -> None:
+        for key in ("vocab", "branching", "eval_sequences"):
+            value = getattr(self, key)
+            if not (value is None and key == "vocab") and (not _is_int(value) or value < 1):
+                raise DataError(f"data.{key} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TextData:
+    """Local text files packed into blocks with a local tokenizer (train.data.TextSource)."""
+
+    kind: ClassVar[str] = "text"
+    SUFFIXES: ClassVar[tuple[str, ...]] = (".txt", ".jsonl", ".parquet")
+    paths: list[str] = field(default_factory=list)
+    tokenizer: str = ""
+    eval_fraction: float = 0.01
+    text_key: str = "text"
+
+    def validate(self) -> None:
+        if not isinstance(self.paths, list) or not self.paths or not all(isinstance(p, str) for p in self.paths):
+            raise DataError(f"data.paths must be a non-empty list of paths, got {self.paths!r}")
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            raise DataError(f"data.tokenizer must be a local directory path, got {self.tokenizer!r}")
+        fraction = self.eval_fraction
+        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction < 1:
+            raise DataError(f"data.eval_fraction must be in (0, 1), got {fraction!r}")
+        if not isinstance(self.text_key, str):
+            raise DataError(f"data.text_key must be a string, got {self.text_key!r}")
+
+    def files(self) -> list[Path]:
+        """The text files the paths name, in a fixed order; missing paths or tokenizer directory are named.
+        The launcher calls this before submitting (the login node sees the shared filesystem), the job again."""
+        if not Path(self.tokenizer).is_dir():
+            raise DataError(f"data.tokenizer directory does not exist: {self.tokenizer}")
+        files = []
+        for p in map(Path, self.paths):
+            if not p.exists():
+                raise DataError(f"data path does not exist: {p}")
+            if p.is_dir():
+                files += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in self.SUFFIXES)
+            elif p.suffix in self.SUFFIXES:
+                files.append(p)
+            else:
+                raise DataError(f"unsupported data file {p} (expected .txt, .jsonl or .parquet)")
+        if not files:
+            raise DataError(f"no .txt/.jsonl/.parquet files found in {', '.join(self.paths)}")
+        return files
+
+
+DataSection = SyntheticData | TextData
+DATA_KINDS: dict[str, type] = {cls.kind: cls for cls in (SyntheticData, TextData)}
+
+
+def data_section(raw: Mapping) -> DataSection:
+    """The typed data section of a spec or sweep: its kind, no unknown keys, values of the right type."""
+    if not isinstance(raw, Mapping) or "kind" not in raw:
+        raise DataError(f"data must be a mapping with a 'kind' key, got {raw!r}")
+    raw = dict(raw)
+    kind = raw.pop("kind")
+    if not isinstance(kind, str) or kind not in DATA_KINDS:
+        raise DataError(f"unknown data kind {kind!r} (expected {' or '.join(map(repr, DATA_KINDS))})")
+    cls = DATA_KINDS[kind]
+    reject_unknown(f"data (kind {kind!r})", raw, (f.name for f in dataclasses.fields(cls)), DataError)
+    section = cls(**raw)
+    section.validate()
+    return section
+
+
+def data_to_dict(section: DataSection) -> dict:
+    return {"kind": section.kind, **dataclasses.asdict(section)}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
