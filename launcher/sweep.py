@@ -9,25 +9,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
+from launcher.placement.allocate import Placement
 from launcher.settings import Settings
 from train.errors import FedshardError
-from train.presets import DATA_KEYS, PRESETS
+from train.sections import ModelSection, TextData, data_section
 from train.spec import STRATEGIES, RunSpec
 
 
 @dataclass
 class Run:
-    """One planned run: the spec train/ gets, plus what the scheduler needs."""
+    """One run of the sweep: the spec train/ gets, plus the node count the scheduler needs."""
 
     spec: RunSpec
     nodes: int
     note: str = ""
-    placement: object = None      # allocate.Placement, once planned on the cluster's topology
-    leaves: int | None = None     # leaf switches the placement spans, when the topology is the real one
 
     @property
     def run_id(self) -> str:
         return self.spec.run_id
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """A run placed on the cluster's topology (plan.place_runs), handed to plan.json and to submission."""
+
+    run: Run
+    placement: Placement
+    leaves: int | None  # leaf switches the placement spans, when the topology is the real one
 
 
 def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None) -> tuple[int, int, int]:
@@ -73,23 +81,13 @@ def _excluded(point: dict, exclude: list) -> bool:
     return any(all(point.get(k) == v for k, v in rule.items()) for rule in exclude)
 
 
-def check_model_and_data(model: dict, data: dict) -> None:
-    """What the jobs would refuse at start, refused here (the model's other keys need transformers to check)."""
-    preset = model.get("preset")
-    if preset is not None and (not isinstance(preset, str) or preset not in PRESETS):
-        raise ConfigError(f"unknown model preset {preset!r}; expected one of {', '.join(PRESETS)}")
-    kind = data.get("kind")
-    if not isinstance(kind, str) or kind not in DATA_KEYS:
-        raise ConfigError(f"unknown data kind {kind!r} (expected {' or '.join(map(repr, DATA_KEYS))})")
-    unknown = sorted(set(data) - {"kind", *DATA_KEYS[kind]})
-    if unknown:
-        raise ConfigError(f"unknown data keys for kind {kind!r}: {', '.join(map(str, unknown))}")
-
-
 def expand(settings: Settings) -> list[Run]:
     """Every run of the sweep, validated (a bad one stops the whole sweep before submission)."""
     sweep = settings.sweep
-    check_model_and_data(settings.model, settings.data)
+    ModelSection.from_dict(settings.model)  # what the jobs would refuse at start, refused here
+    data = data_section(settings.data)
+    if isinstance(data, TextData):
+        data.files()  # a typo in a path fails now, not after a queue wait
     unknown = [s for s in sweep.strategies if s not in STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategy {unknown[0]!r} in sweep {sweep.name!r}; "
@@ -124,7 +122,7 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
         raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
                           f"at most {cluster.max_ranks} (cluster.max_ranks)")
     raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "pending", "model": settings.model,
-           "data": settings.data, "train": {**settings.train, **sweep.train}, "device": cluster.device,
+           "data": settings.data, "train": settings.train, "device": cluster.device,
            "backend": cluster.backend, "peak_flops": cluster.peak_flops}
     try:
         spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final

@@ -1,4 +1,5 @@
 """Topology model and placement: the captured 22.05 cluster, bad topologies, and properties on random trees."""
+import json
 import shutil
 from pathlib import Path
 
@@ -74,14 +75,21 @@ def test_plan_from_a_snapshot_directory(tmp_path):
     shutil.copy(FIXTURES / "show_node_oneliner.txt", snap / "nodes.txt")
     settings = compose(["sweep=paper_table3", "cluster=leonardo", f"cluster.snapshot={snap}", "cluster.nodes=8",
                         "cluster.bandwidth_GBps=[240,25,12.5,6]", f"results_dir={tmp_path}"])
-    entries = plan(settings)
-    assert [(e["F"], e["R"], e["S"]) for e in entries] == [(1, 1, 32), (1, 8, 4), (8, 1, 4), (2, 4, 4)]
-    for e in entries:
-        assert len(e["hostfile"]) == e["world_size"] and e["hierarchy_ok"]
-        assert not {"lrdn0015", "lrdn0016"} & set(e["nodes"])
+    planned, entries = plan(settings)
+    assert [(e.F, e.R, e.S) for e in entries] == [(1, 1, 32), (1, 8, 4), (8, 1, 4), (2, 4, 4)]
+    for p, e in zip(planned, entries):
+        assert len(e.hostfile) == e.world_size and e.hierarchy_ok
+        assert not {"lrdn0015", "lrdn0016"} & set(e.nodes)
+        assert p.placement.nodes == e.nodes  # what is submitted is what plan.json shows
     fl_hsdp = entries[3]
-    assert fl_hsdp["bandwidth"] == {"B_S": 240e9, "B_R": 25e9, "B_F": 12.5e9}
-    assert 0 < fl_hsdp["predicted_ratio_to_fsdp"] < 1
+    assert fl_hsdp.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 12.5e9}
+    assert 0 < fl_hsdp.predicted_ratio_to_fsdp < 1
+    on_disk = json.loads((tmp_path / "paper_table3" / "plan.json").read_text())["runs"]
+    assert on_disk == [e.to_json() for e in entries]
+    assert list(on_disk[0]) == ["run_id", "strategy", "F", "R", "S", "A", "world_size", "gpus_per_node", "model",
+                                "model_params", "train", "note", "nodes", "hostfile", "coords", "bandwidth",
+                                "group_levels", "hierarchy_ok", "predicted_comm_s", "predicted_ratio_to_fsdp",
+                                "checkpoint_bytes", "resources", "sbatch"]
 
 
 # ---------------------------------------------------------------- properties on random trees
@@ -170,12 +178,14 @@ def test_placement_properties(topo, F, R, G, S_mult):
 
 def test_report_verifies_where_ranks_really_ran():
     from launcher.report.verify import placement_rows
+    from tests.support import make_result
+    from train.result import RankRecord
 
     topo = captured()
 
     def result(run_id, nodes):
-        return {"run_id": run_id, "F": 2, "R": 2, "S": 1, "world_size": 4,
-                "ranks": [{"rank": k, "host": "h", "node": n} for k, n in enumerate(nodes)]}
+        return make_result(run_id=run_id, strategy="fl_hsdp", F=2, R=2, S=1, A=2, world_size=4,
+                           ranks=[RankRecord(k, "h", n) for k, n in enumerate(nodes)])
 
     good = result("good", ["lrdn0001", "lrdn0002", "lrdn0009", "lrdn0010"])   # replicas in a leaf, groups apart
     broken = result("broken", ["lrdn0001", "lrdn0009", "lrdn0002", "lrdn0010"])  # replicas across cells

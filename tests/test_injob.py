@@ -13,6 +13,7 @@ from launcher.sweep import expand
 from tests.support import clean_env
 from tests.test_allocate import FIXTURES
 from tests.test_entrypoint import _spec
+from train.result import RunResult
 
 
 def test_ranks_follow_the_topology_not_srun_order(tmp_path):
@@ -29,8 +30,8 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
              for p in (0, 1)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert {r["rank"]: r["node"] for r in result["ranks"]} == {0: "n2", 1: "n1"}
+    result = RunResult.load(tmp_path / "run" / "result.json")
+    assert {r.rank: r.node for r in result.ranks} == {0: "n2", 1: "n1"}
     assert "step 7/7" in outs[1][0]  # logical rank 0 (SLURM_PROCID 1) prints progress
 
 
@@ -40,13 +41,12 @@ def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
     settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=pinned", "cluster.nodes=8",
                         f"cluster.snapshot={tmp_path}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
                         f"results_dir={tmp_path}"])
-    runs = expand(settings)
-    place_runs(settings, runs)
-    params = slurm_parameters(settings.cluster, runs[3])
+    planned = place_runs(settings, expand(settings))[3]
+    params = slurm_parameters(settings.cluster, planned[3])
     # fl_hsdp (2,4,4) on 8 of the 14 usable nodes: one leaf per federation group.
     assert params["nodelist"] == "lrdn[0001-0008]" and params["srun_args"] == ["--distribution=arbitrary"]
     assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/paper_table3/fl_hsdp-F2-R4-S4-A8/hostfile"
-    assert runs[3].placement.hostfile().splitlines()[:5] == ["lrdn0001"] * 4 + ["lrdn0002"]
+    assert planned[3].placement.hostfile().splitlines()[:5] == ["lrdn0001"] * 4 + ["lrdn0002"]
     assert "switches" not in params.get("additional_parameters", {})  # pinned nodes need no --switches
 
 
@@ -55,7 +55,7 @@ def test_in_job_mode_asks_for_the_leaves_the_plan_spans(tmp_path):
     shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
     settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.nodes=8", f"cluster.snapshot={tmp_path}",
                         "cluster.bandwidth_GBps=[240,25,12.5,6]", f"results_dir={tmp_path}"])
-    runs = expand(settings)
-    place_runs(settings, runs)
-    params = slurm_parameters(settings.cluster, runs[3])
+    planned = place_runs(settings, expand(settings))[3]
+    params = slurm_parameters(settings.cluster, planned[3])
+    assert planned[3].leaves == 2
     assert params["additional_parameters"]["switches"] == "2@05:00" and "nodelist" not in params

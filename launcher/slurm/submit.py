@@ -21,7 +21,7 @@ from launcher.settings import Cluster
 from launcher.slurm import scontrol
 from launcher.slurm.hostlist import compress
 from launcher.slurm.injob import PlacedTrainJob
-from launcher.sweep import Run
+from launcher.sweep import PlannedRun, Run
 from train import submitit_compat
 from train.job import TrainJob
 from train.spec import write_atomic
@@ -36,22 +36,23 @@ def hostfile_path(run: Run) -> Path:
     return Path(run.spec.out_dir) / "hostfile"
 
 
-def slurm_parameters(cluster: Cluster, run: Run) -> dict:
+def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
     """submitit SlurmExecutor parameters (names as sbatch's, underscores for dashes).
 
     pinned: the planned nodes (--nodelist) and, since an ordered nodelist does not order ranks,
     a hostfile with `srun --distribution=arbitrary`. in_job: only --nodes (and --switches when the
     real topology is known); ranks are ordered at job start by PlacedTrainJob.
     """
+    run = planned.run
     params = {"job_name": run.run_id, "nodes": run.nodes, "ntasks_per_node": cluster.gpus_per_node,
               "time": cluster.time_min, "partition": cluster.partition, "setup": list(cluster.setup)}
     extra = dict(cluster.sbatch_extra)
-    if cluster.placement == "pinned" and run.placement is not None:
-        params["nodelist"] = compress(run.placement.nodes)
+    if cluster.placement == "pinned":
+        params["nodelist"] = compress(planned.placement.nodes)
         params["srun_args"] = ["--distribution=arbitrary"]
         params["setup"].append(f"export SLURM_HOSTFILE={shlex.quote(str(hostfile_path(run)))}")
-    elif run.leaves:
-        extra.setdefault("switches", f"{run.leaves}@{cluster.switches_wait_min:02d}:00")
+    elif planned.leaves:
+        extra.setdefault("switches", f"{planned.leaves}@{cluster.switches_wait_min:02d}:00")
     if cluster.device == "cuda":
         params["gpus_per_node"] = cluster.gpus_per_node
     for key in ("account", "qos"):
@@ -64,15 +65,15 @@ def slurm_parameters(cluster: Cluster, run: Run) -> dict:
     return params
 
 
-def sbatch_text(cluster: Cluster, run: Run, folder: Path) -> str:
+def sbatch_text(cluster: Cluster, planned: PlannedRun, folder: Path) -> str:
     """The script submitit would submit for this run (shown by action=plan)."""
-    return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, run))
+    return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, planned))
 
 
-def resources(cluster: Cluster, run: Run) -> dict:
+def resources(cluster: Cluster, planned: PlannedRun) -> dict:
     if cluster.executor == "local":
-        return {"executor": "local", "tasks": run.spec.world_size, "timeout_min": cluster.time_min}
-    return {"executor": "slurm", **slurm_parameters(cluster, run)}
+        return {"executor": "local", "tasks": planned.run.spec.world_size, "timeout_min": cluster.time_min}
+    return {"executor": "slurm", **slurm_parameters(cluster, planned)}
 
 
 def require_netns(cluster: Cluster) -> None:
@@ -95,24 +96,24 @@ def check_environment(cluster: Cluster) -> None:
                                   f"(run on a login node, or use cluster=local)")
 
 
-def make_executor(cluster: Cluster, run: Run, folder: Path):
+def make_executor(cluster: Cluster, planned: PlannedRun, folder: Path):
     if cluster.executor == "local":
         executor = submitit.LocalExecutor(folder=folder)
-        executor.update_parameters(tasks_per_node=run.spec.world_size, nodes=1, timeout_min=cluster.time_min)
+        executor.update_parameters(tasks_per_node=planned.run.spec.world_size, nodes=1, timeout_min=cluster.time_min)
         return executor
     executor = submitit.SlurmExecutor(folder=folder)
-    executor.update_parameters(**slurm_parameters(cluster, run))
+    executor.update_parameters(**slurm_parameters(cluster, planned))
     return executor
 
 
-def submit(cluster: Cluster, run: Run, spec_path: Path, folder: Path, topology_path: Path):
+def submit(cluster: Cluster, planned: PlannedRun, spec_path: Path, folder: Path, topology_path: Path):
     """Submit one run; a pinned run's hostfile is written (atomically) before its job exists."""
     job = TrainJob(str(spec_path))
     if cluster.executor == "slurm" and cluster.placement == "pinned":
-        write_atomic(hostfile_path(run), run.placement.hostfile())
-    elif cluster.executor == "slurm" and run.leaves:  # the real topology is known: order ranks at job start
+        write_atomic(hostfile_path(planned.run), planned.placement.hostfile())
+    elif cluster.executor == "slurm" and planned.leaves:  # the real topology is known: order ranks at job start
         job = PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
-    return make_executor(cluster, run, folder).submit(job)
+    return make_executor(cluster, planned, folder).submit(job)
 
 
 class ReattachedLocalJob(submitit.LocalJob):
