@@ -33,6 +33,7 @@ def _timed(fn) -> float:
 def _worker(rank, world, spec_dict, rounds):
     spec = RunSpec.from_dict(spec_dict)
     trainer = Trainer(spec, rank, "cpu")
+    trainer.restore()
     fedavg: FedAvg = trainer.fedavg
     tensors = fedavg.tensors()
     numel = sum(t.numel() for t in tensors)

@@ -83,7 +83,8 @@ def test_guard_accepts_valid_uneven_layout():
 def _meta_init(rank, world):
     spec = RunSpec.from_dict({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 2, "A": 2, "out_dir": "/nonexistent",
                               "train": {"init": "meta", "seq_len": 16}})
-    trainer = Trainer(spec, rank, "cpu")  # runs the guard with initial-content hashes: groups must agree
+    trainer = Trainer(spec, rank, "cpu")
+    trainer.restore()  # runs the guard with initial-content hashes: groups must agree
     fresh = models.build(trainer.config, "cpu")
     rotary = trainer.model.model.rotary_emb
     q = trainer.model.model.layers[0].self_attn.q_proj.weight.full_tensor()

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 from tests.support import clean_env, losses
+from train.result import RunResult
 
 STEPS, EVERY = 120, 20
 
@@ -40,13 +41,13 @@ def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tm
 
     second = _torchrun(spec)
     assert second.wait(timeout=600) == 0, second.stderr.read()[-2000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["resumed_from_step"] == 42  # the previous checkpoint loaded
+    result = RunResult.load(run_dir / "result.json")
+    assert result.resumed_from_step == 42  # the previous checkpoint loaded
     assert losses(run_dir) == losses(tmp_path / "reference")  # bitwise: same losses, same FedAvg steps
-    assert result["aggregations"] == json.loads((tmp_path / "reference" / "result.json").read_text())["aggregations"]
+    assert result.aggregations == RunResult.load(tmp_path / "reference" / "result.json").aggregations
 
 
-def test_resuming_with_another_layout_is_refused(tmp_path):
+def test_resuming_with_another_layout_or_spec_is_refused(tmp_path):
     spec = _spec(tmp_path, "run", train={"steps": 4, "seq_len": 16, "checkpoint_every": 2})
     assert _torchrun(spec).wait(timeout=600) == 0
     # The run finished (result.json) but its checkpoints remain: a different layout must not load them.
@@ -54,11 +55,15 @@ def test_resuming_with_another_layout_is_refused(tmp_path):
     proc = _torchrun(other)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode != 0 and "resuming with another layout is refused" in err
+    # Same layout, another experiment: a changed `steps` would resume on the old LR schedule.
+    longer = _spec(tmp_path, "run", train={"steps": 6, "seq_len": 16, "checkpoint_every": 3})
+    proc = _torchrun(longer)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode != 0 and "was written by another spec (train.steps: 4 -> 6)" in err, err[-2000:]
 
 
 def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[list, list]:
     import train.federated as federated
-    from train import checkpoint
     from train.loop import Trainer
     from train.spec import RunSpec
 
@@ -68,12 +73,14 @@ def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[lis
     spec = RunSpec.from_dict({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 2, "out_dir": out_dir,
                               "train": {"steps": 8, "seq_len": 16}})
     first = Trainer(spec, rank, "cpu", out_dir=Path(out_dir))
+    first.restore()
     for i in range(3):
         first.step(i)
-    checkpoint.save(first, 3)
+    first.checkpointer.save(first.model, first.optimizer, first.state)
     before = list(calls)
     calls.clear()
     resumed = Trainer(spec, rank, "cpu", out_dir=Path(out_dir))
+    resumed.restore()
     assert resumed.start_step == 3 and calls == []  # groups differ now: no content check at start
     for i in range(3, 8):
         resumed.step(i)
@@ -98,13 +105,13 @@ def _run_with_slow_checkpoints(rank: int, world: int, out_dir: str) -> dict:
     from train.loop import Trainer
     from train.spec import RunSpec
 
-    real_save = checkpoint.save
-    checkpoint.save = lambda trainer, steps_done: (time.sleep(SLOW_SAVE_S), real_save(trainer, steps_done))[1]
+    real_save = checkpoint.Checkpointer.save
+    checkpoint.Checkpointer.save = lambda *args: (time.sleep(SLOW_SAVE_S), real_save(*args))[1]
     spec = RunSpec.from_dict({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 2, "out_dir": out_dir,
                               "train": {"steps": 8, "seq_len": 16, "checkpoint_every": 1, "log_every": 1}})
     trainer = Trainer(spec, rank, "cpu", out_dir=Path(out_dir))
     result = trainer.run("gloo")
-    return {**result, "step_times": [r["step_time"] for r in trainer.log.rows]}
+    return {**result.to_dict(), "step_times": [r["step_time"] for r in trainer.log.rows]}
 
 
 def test_checkpoint_time_is_kept_out_of_training_time(tmp_path):

@@ -16,7 +16,6 @@ LAYOUTS = [("fsdp", 1, 1, 4, None, "fp32"), ("fl_fsdp", 4, 1, 1, 2, "fp32"), ("f
 
 
 def _save_around_fedavg(rank, world, root):
-    from train import checkpoint
     from train import model as models
     from train.loop import Trainer
     from train.spec import RunSpec
@@ -27,10 +26,11 @@ def _save_around_fedavg(rank, world, root):
         spec = RunSpec.from_dict({"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "out_dir": str(out_dir),
                                   "train": {"steps": 8, "seq_len": 16, "precision": precision}})
         trainer = Trainer(spec, rank, "cpu")
+        trainer.restore()
         for i in range(3):
             trainer.step(i)
             if i + 1 >= 2:  # step 2 ends with a FedAvg in the FL layouts, step 3 does not
-                checkpoint.save(trainer, i + 1)
+                trainer.checkpointer.save(trainer.model, trainer.optimizer, trainer.state)
         params[strategy] = models.count_params(trainer.model)
     return params
 

@@ -23,6 +23,7 @@ def _digest(tensors) -> str:
 def _worker(rank, world, spec_dict, chunk_bytes=None):
     spec = RunSpec.from_dict(spec_dict)
     trainer = Trainer(spec, rank, "cpu")
+    trainer.restore()
     if chunk_bytes:
         trainer.fedavg.chunk_bytes = chunk_bytes
     ref = Reference(spec)

@@ -1,11 +1,12 @@
 """Sharded checkpoints for exact resume: model and optimizer through torch.distributed.checkpoint, plus
-the LR schedule, step, FedAvg count and RNG state.
+a `TrainState` (the LR schedule, step, FedAvg count and RNG state). A `Checkpointer` owns them: which is
+the latest, when one is due, save, load and retention.
 
 Storage does not grow with F where it need not: right after a FedAvg every federation group holds the
 same parameters, so they are stored once (DCP keeps one copy of each shard). What really differs per
 group is stored per group: AdamW's moments (unless `average_optimizer_state` averages them too) and each
 rank's RNG. Periodic checkpoints are therefore taken at FedAvg steps: the one requested at step k is
-taken at the first FedAvg at or after k (`due`). Only a stop signal between two averagings, which cannot
+taken at the first FedAvg at or after k (`Checkpointer.due`). Only a stop signal between two averagings, which cannot
 wait, stores the parameters per group as well (meta.json says which). Sizes:
 `launcher.placement.costmodel.checkpoint_bytes`.
 
@@ -27,96 +28,121 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .errors import SpecError
+from .spec import RunSpec, coords, identity, identity_changes
 
 PREFIX = "step-"
 
 
-def root(out_dir: Path) -> Path:
-    return Path(out_dir) / "checkpoints"
+class TrainState:
+    """What a checkpoint restores besides the model and optimizer shards: the optimizer steps done, the
+    FedAvg rounds done, the LR schedule and this rank's RNG state. The Trainer advances it; the
+    Checkpointer stores it (meta.json from rank 0, the RNG in each rank's own file)."""
+
+    def __init__(self, schedule: torch.optim.lr_scheduler.LRScheduler):
+        self.step = 0
+        self.aggregations = 0
+        self.schedule = schedule
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "aggregations": self.aggregations, "scheduler": self.schedule.state_dict(),
+                "rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.aggregations = state["step"], state["aggregations"]
+        self.schedule.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"])
 
 
-def latest(out_dir: Path) -> Path | None:
-    """The newest published checkpoint (unfinished `.tmp` writes are never returned)."""
-    done = sorted(p for p in root(out_dir).glob(f"{PREFIX}*") if (p / "meta.json").exists())
-    return done[-1] if done else None
+class Checkpointer:
+    """One rank's side of the run's checkpoints in `<out_dir>/checkpoints`: which is the latest, when one is
+    due, saving (keeping the newest `keep_checkpoints`) and loading. It is handed the objects it stores,
+    never the Trainer, and needs from the spec only the layout, the schedule of checkpoints and FedAvg's."""
 
+    def __init__(self, spec: RunSpec, rank: int):
+        self.root = Path(spec.out_dir) / "checkpoints"
+        self.layout = {"strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A}
+        self.identity = identity(spec.to_dict())  # what the run's result depends on: a resume must match it
+        self.every, self.keep = spec.train.checkpoint_every, spec.train.keep_checkpoints
+        self.A = spec.A  # None unless federated (RunSpec.validate)
+        self.average_optimizer_state = spec.train.average_optimizer_state
+        self.rank = rank
+        self.group = f"fed{coords(rank, spec.F, spec.R, spec.S)[0]}"  # this rank's key for per-group parts
 
-def layout(spec) -> dict:
-    return {"strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A}
+    def latest(self) -> Path | None:
+        """The newest published checkpoint (unfinished `.tmp` writes are never returned)."""
+        done = sorted(p for p in self.root.glob(f"{PREFIX}*") if (p / "meta.json").exists())
+        return done[-1] if done else None
 
+    def due(self, steps_done: int) -> bool:
+        """Whether a periodic checkpoint is taken after `steps_done` steps: every `every` steps, or in a
+        federated run at the first FedAvg at or after each multiple of `every`."""
+        if not self.every:
+            return False
+        if self.A is None:
+            return steps_done % self.every == 0
+        return steps_done % self.A == 0 and steps_done // self.every > (steps_done - self.A) // self.every
 
-def due(steps_done: int, every: int, A: int | None) -> bool:
-    """Whether a periodic checkpoint is taken after `steps_done` steps: every `every` steps, or in a
-    federated run at the first FedAvg at or after each multiple of `every`."""
-    if not every:
-        return False
-    if A is None:
-        return steps_done % every == 0
-    return steps_done % A == 0 and steps_done // every > (steps_done - A) // every
+    def per_group(self, steps_done: int) -> list[str]:
+        """The parts that differ between federation groups after `steps_done` steps, so are stored per
+        group: the optimizer unless FedAvg averages it too, the model unless FedAvg (which ends every A-th
+        step, `FedAvg.due`) has just made it identical."""
+        if self.A is None:
+            return []
+        parts = [] if self.average_optimizer_state else ["optim"]
+        return parts if steps_done % self.A == 0 else ["model", "optim"]
 
+    def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts_per_group: list[str]) -> dict:
+        """This rank's shards, each part under a shared key or its federation group's key.
 
-def per_group(trainer, steps_done: int) -> list[str]:
-    """The parts that differ between federation groups after `steps_done` steps, so are stored per group."""
-    if trainer.fedavg is None:
-        return []
-    parts = [] if trainer.fedavg.average_optimizer_state else ["optim"]
-    return parts if trainer.fedavg.due(steps_done) else ["model", "optim"]
+        Every group's DTensors cover the same global tensors with the same offsets: under a shared key DCP
+        writes one copy (and hands it to every group on load), under `fed<f>` one copy per group.
+        """
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        state: dict = {}
+        for part, sd in (("model", model_sd), ("optim", optim_sd)):
+            if part in parts_per_group:
+                state.setdefault(self.group, {})[part] = sd
+            else:
+                state[part] = sd
+        return state
 
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> Path:
+        """Checkpoint after `state.step` steps (collective: every rank calls it), then drop all but the
+        newest `keep` checkpoints."""
+        final = self.root / f"{PREFIX}{state.step:06d}"
+        tmp = final.with_name(f".{final.name}.tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        parts_per_group = self.per_group(state.step)
+        dcp.save(self._state(model, optimizer, parts_per_group), checkpoint_id=str(tmp))
+        train_state = state.state_dict()
+        torch.save({"rng": train_state["rng"]}, tmp / f"rank{self.rank}.pt")
+        dist.barrier()
+        if self.rank == 0:
+            meta = {"step": train_state["step"], "aggregations": train_state["aggregations"], "layout": self.layout,
+                    "scheduler": train_state["scheduler"], "per_group": parts_per_group, "spec": self.identity}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            os.replace(tmp, final)
+            for old in sorted(p for p in self.root.glob(f"{PREFIX}*"))[:-self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+        return final
 
-def _state(trainer, parts_per_group: list[str]) -> dict:
-    """This rank's shards, each part under a shared key or its federation group's key.
-
-    Every group's DTensors cover the same global tensors with the same offsets: under a shared key DCP
-    writes one copy (and hands it to every group on load), under `fed<f>` one copy per group.
-    """
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
-    state: dict = {}
-    group = f"fed{trainer.coord[0]}"
-    for part, sd in (("model", model_sd), ("optim", optim_sd)):
-        if part in parts_per_group:
-            state.setdefault(group, {})[part] = sd
-        else:
-            state[part] = sd
-    return state
-
-
-def _unpack(state: dict, group: str) -> tuple[dict, dict]:
-    mine = {**state, **state.get(group, {})}
-    return mine["model"], mine["optim"]
-
-
-def save(trainer, steps_done: int) -> Path:
-    final = root(trainer.spec.out_dir) / f"{PREFIX}{steps_done:06d}"
-    tmp = final.with_name(f".{final.name}.tmp")
-    if trainer.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    parts_per_group = per_group(trainer, steps_done)
-    dcp.save(_state(trainer, parts_per_group), checkpoint_id=str(tmp))
-    torch.save({"rng": torch.get_rng_state()}, tmp / f"rank{trainer.rank}.pt")
-    dist.barrier()
-    if trainer.rank == 0:
-        meta = {"step": steps_done, "aggregations": trainer.aggregations, "layout": layout(trainer.spec),
-                "scheduler": trainer.schedule.state_dict(), "per_group": parts_per_group}
-        (tmp / "meta.json").write_text(json.dumps(meta))
-        os.replace(tmp, final)
-        for old in sorted(p for p in root(trainer.spec.out_dir).glob(f"{PREFIX}*"))[:-trainer.cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
-    return final
-
-
-def load(trainer, path: Path) -> dict:
-    """Restore everything `save` wrote; refuse a checkpoint written with another layout."""
-    meta = json.loads((path / "meta.json").read_text())
-    if meta["layout"] != layout(trainer.spec):
-        raise SpecError(f"checkpoint {path} was written with {meta['layout']}, this run is {layout(trainer.spec)}; "
-                        f"resuming with another layout is refused (resharding is not supported: use a new out_dir)")
-    state = _state(trainer, meta["per_group"])
-    dcp.load(state, checkpoint_id=str(path))
-    model_sd, optim_sd = _unpack(state, f"fed{trainer.coord[0]}")
-    set_state_dict(trainer.model, trainer.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
-    trainer.schedule.load_state_dict(meta["scheduler"])
-    torch.set_rng_state(torch.load(path / f"rank{trainer.rank}.pt")["rng"])
-    return meta
+    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> None:
+        """Restore everything `save` wrote; refuse a checkpoint written with another layout, or by a spec that
+        differs in anything the result depends on (a changed `steps` would resume on the old LR schedule)."""
+        meta = json.loads((path / "meta.json").read_text())
+        if meta["layout"] != self.layout:
+            raise SpecError(f"checkpoint {path} was written with {meta['layout']}, this run is {self.layout}; "
+                            f"resuming with another layout is refused (resharding is not supported: use a new out_dir)")
+        changes = identity_changes(meta.get("spec", self.identity), self.identity)
+        if changes:
+            raise SpecError(f"checkpoint {path} was written by another spec ({', '.join(changes)}); resuming it would "
+                            f"mix two experiments: use a new out_dir, or delete {self.root} to start afresh")
+        shards = self._state(model, optimizer, meta["per_group"])
+        dcp.load(shards, checkpoint_id=str(path))
+        mine = {**shards, **shards.get(self.group, {})}
+        set_state_dict(model, optimizer, model_state_dict=mine["model"], optim_state_dict=mine["optim"])
+        state.load_state_dict({**meta, "rng": torch.load(path / f"rank{self.rank}.pt")["rng"]})

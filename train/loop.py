@@ -1,7 +1,6 @@
 """The training run: build mesh, model, optimizer and data from a spec; train; evaluate; summarise."""
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -19,17 +18,20 @@ from . import model as models
 from .errors import SpecError
 from .federated import FedAvg
 from .preemption import StopRequest
-from .spec import RunSpec, write_atomic
+from .result import RankRecord, RunResult
+from .spec import RunSpec
 from .watchdog import Watchdog
 
 FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init builds on meta and initialises per shard
 
 
 class Trainer:
-    """One rank's view of a run. `step(i)` is the unit tests drive; `run()` is the whole thing."""
+    """One rank's view of a run. `restore()` then `step(i)` is what tests drive; `run()` is the whole thing."""
 
     def __init__(self, spec: RunSpec, rank: int, device: str, config=None, source=None, out_dir: Path | None = None,
                  watchdog_tag: str | None = None):
+        """Build this rank's part of the run; nothing is loaded or checked across ranks until `restore()`.
+        Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
         self.source = source or data.build_source(spec.data, self.config.vocab_size, self.cfg.seq_len, self.cfg.seed)
@@ -39,24 +41,31 @@ class Trainer:
         self.model = self._build_model()
         self.optimizer = optim.adamw(self.model.parameters(), self.cfg)
         self.schedule = optim.schedule(self.optimizer, self.cfg)
+        self.state = checkpoint.TrainState(self.schedule)
+        self.checkpointer = checkpoint.Checkpointer(spec, rank)
         self.fedavg = None
         if spec.federated:
             self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, self.cfg.average_optimizer_state)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
-        self.aggregations = 0
-        self.start_step = 0
+        self.out_dir = out_dir
+        self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
         self.apart = {"checkpoint": 0.0, "logging": 0.0}  # seconds spent outside the training time
         self.checkpoints = 0
         self.watchdog = None
         if watchdog_tag is not None:
             self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s)
-        resume_from = checkpoint.latest(out_dir) if out_dir is not None else None
+
+    def restore(self) -> None:
+        """Bring every rank to where the run stands (collective): resume from the latest checkpoint, if
+        there is one, timed apart as checkpoint time; else, in a fresh federated run, check that the groups
+        are aligned, initial contents included (only meaningful before training makes them differ)."""
+        resume_from = self.checkpointer.latest() if self.out_dir is not None else None
         if resume_from is not None:
             with self._timed_apart("checkpoint"):
-                meta = checkpoint.load(self, resume_from)
-            self.start_step, self.aggregations = meta["step"], meta["aggregations"]
+                self.checkpointer.load(resume_from, self.model, self.optimizer, self.state)
+            self.start_step = self.state.step
             self.log.resume(self.start_step)
             # Groups legitimately differ now: the guard re-checks layouts (not contents) before the next FedAvg.
         elif self.fedavg is not None:
@@ -97,12 +106,13 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
+        self.state.step = step + 1
         t_opt = self.clock.lap()
         self._enter("aggregation", step)
         aggregated = self.fedavg is not None and self.fedavg.due(step + 1)
         if aggregated:
             self.fedavg.average()
-            self.aggregations += 1
+            self.state.aggregations += 1
         t_agg = self.clock.lap()
         self.log.add(step, metrics.StepTimes(t_fwd, t_bwd, t_opt, t_agg), loss, aggregated, lr)
         return loss.detach()
@@ -143,8 +153,7 @@ class Trainer:
             done = i + 1
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
             stopping = done < self.cfg.steps and stop.agreed(done)
-            save = done < self.cfg.steps and (stopping or checkpoint.due(done, self.cfg.checkpoint_every,
-                                                                         self.spec.A if self.fedavg else None))
+            save = done < self.cfg.steps and (stopping or self.checkpointer.due(done))
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
                 with self._timed_apart("logging"):
                     self.log.flush()
@@ -155,7 +164,7 @@ class Trainer:
             if save:
                 self._enter("checkpoint", i)
                 with self._timed_apart("checkpoint"):
-                    checkpoint.save(self, done)
+                    self.checkpointer.save(self.model, self.optimizer, self.state)
                 self.checkpoints += 1
             if stopping:
                 if self.watchdog is not None:
@@ -163,7 +172,7 @@ class Trainer:
                 stop.hand_over(done)
         if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
             self.fedavg.average()  # evaluate the federation's model, not one group's
-            self.aggregations += 1
+            self.state.aggregations += 1
         if self.device == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
@@ -191,7 +200,8 @@ class Trainer:
         self.model.train()
         return math.exp(min(700.0, (total[0] / total[1]).item())), elapsed
 
-    def run(self, backend: str) -> dict:
+    def run(self, backend: str) -> RunResult:
+        self.restore()
         ranks = [None] * self.world
         host = socket.gethostname()
         dist.all_gather_object(ranks, {"rank": self.rank, "host": host,
@@ -203,7 +213,7 @@ class Trainer:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         return self.summary(train_time, eval_ppl, eval_time, int(peak.item()), ranks, backend)
 
-    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend) -> dict:
+    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend) -> RunResult:
         spec, cfg = self.spec, self.cfg
         tokens = (cfg.steps - self.start_step) * self.world * cfg.batch_per_rank * cfg.seq_len  # this attempt's
         tokens_per_s = tokens / train_time
@@ -213,23 +223,20 @@ class Trainer:
             per_token = models.flops_per_token(self.config, n_params, cfg.seq_len)
             mfu = per_token * tokens_per_s / (self.world * spec.peak_flops)
         train_loss = self.log.final_loss(min(cfg.log_every, cfg.steps))
-        return {
-            "run_id": spec.run_id, "strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A,
-            "world_size": self.world, "steps": cfg.steps, "seq_len": cfg.seq_len,
-            "batch_per_rank": cfg.batch_per_rank, "tokens": tokens, "train_time_s": train_time,
-            "tokens_per_s": tokens_per_s, "tokens_per_s_per_device": tokens_per_s / self.world,
-            "train_ppl": math.exp(min(700.0, train_loss)), "eval_ppl": eval_ppl, "eval_time_s": eval_time,
-            "floor_ppl": self.source.floor_ppl, "phases": self.log.phase_stats(),
-            "aggregation_event": self.log.aggregation_event_stats(),
-            "aggregations": self.aggregations, "timing": cfg.timing, "precision": cfg.precision,
-            "params": n_params, "peak_memory_bytes": peak, "mfu": mfu, "device": self.device, "backend": backend,
-            "data": self.source.describe(), "ranks": ranks, "resumed_from_step": self.start_step,
-            "checkpoint_s": self.apart["checkpoint"], "checkpoints": self.checkpoints,
-            "logging_s": self.apart["logging"],
-        }
+        return RunResult(
+            run_id=spec.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A,
+            world_size=self.world, steps=cfg.steps, seq_len=cfg.seq_len, batch_per_rank=cfg.batch_per_rank,
+            tokens=tokens, train_time_s=train_time, tokens_per_s=tokens_per_s,
+            tokens_per_s_per_device=tokens_per_s / self.world, train_ppl=math.exp(min(700.0, train_loss)),
+            eval_ppl=eval_ppl, eval_time_s=eval_time, floor_ppl=self.source.floor_ppl,
+            phases=self.log.phase_stats(), aggregation_event=self.log.aggregation_event_stats(),
+            aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
+            peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend, data=self.source.describe(),
+            ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
+            checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"])
 
 
-def run(spec: RunSpec, environ=os.environ) -> dict | None:
+def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     """Train one spec in this process (one rank). Rank 0 writes result.json last, atomically, and returns it."""
     config = models.llama_config(spec.model)
     source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
@@ -247,7 +254,7 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
         raise SpecError(f"out_dir {out_dir} cannot be created: {exc.strerror}") from None
     if env.rank == 0:  # a stale result must not make this attempt look finished
         (out_dir / "result.json").unlink(missing_ok=True)
-        if checkpoint.latest(out_dir) is None:
+        if checkpoint.Checkpointer(spec, env.rank).latest() is None:
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)
     backend = launch_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
@@ -262,5 +269,5 @@ def run(spec: RunSpec, environ=os.environ) -> dict | None:
     if env.rank != 0:
         return None
     shutil.rmtree(trainer.watchdog.dir, ignore_errors=True)
-    write_atomic(out_dir / "result.json", json.dumps(result, indent=2) + "\n")
+    result.save(out_dir / "result.json")
     return result
