@@ -1,15 +1,45 @@
-"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report] [results_dir=DIR] [overrides]`."""
+"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report] [results_dir=DIR] [overrides]`
+(also installed as `fedshard`).
+
+Overrides are composed by Hydra here, so that every error is one line; Hydra's own flags (--help,
+--hydra-help, --cfg job|hydra|all, --package, --resolve, --info, --shell-completion) are handed to a
+real Hydra app on the same conf/, so they behave exactly as Hydra documents them.
+"""
 from __future__ import annotations
 
 import sys
 
 from train.errors import FedshardError
 
+HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "-c", "--cfg", "-p", "--package", "--resolve",
+                         "-i", "--info", "-sc", "--shell-completion"})
+
+
+def hydra_cli(argv: list[str]) -> int:
+    """Hydra's flags on conf/: they print and exit; with only --resolve left, the sweep runs as usual."""
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from launcher.settings import CONF_DIR
+
+    outcome = {"rc": 0}
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base=None)
+    def app(_cfg) -> None:
+        outcome["rc"] = main(list(HydraConfig.get().overrides.task))
+
+    saved = sys.argv
+    sys.argv = [saved[0], *argv]
+    try:
+        app()
+    finally:
+        sys.argv = saved
+    return outcome["rc"]
+
 
 def main(argv: list[str]) -> int:
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__.strip() + "\nConfig groups live in conf/: cluster, sweep, model, train, data.")
-        return 0
+    if any(a.split("=", 1)[0] in HYDRA_FLAGS for a in argv):
+        return hydra_cli(argv)
     from launcher.settings import compose
 
     try:
@@ -37,5 +67,10 @@ def main(argv: list[str]) -> int:
         return 130
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The `fedshard` console script (Hydra's tab completion needs a command name: `fedshard -sc install=bash`)."""
     sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,7 +1,6 @@
 """action=run: submit every unfinished run, wait with progress, collect results, print the tables."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -14,10 +13,20 @@ from launcher.settings import Settings
 from launcher.slurm import scontrol
 from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
 from launcher.store import FINAL, Store
-from launcher.sweep import Run, expand
+from launcher.sweep import PlannedRun, Run, expand
 from train import submitit_compat
+from train.errors import AlignmentError, DataError, SpecError
+from train.result import RunResult
 
 PROGRESS_EVERY_S = 30.0
+# Failures that fail the same way on a second try: the job's spec, data or layout is wrong. Anything else
+# (a node failure, pre-emption, a timeout, a rendezvous that did not come up, a killed task) is retried.
+DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentError))
+
+
+def retryable(reason: str) -> bool:
+    """Whether a failed run may pass on another attempt, from the error line its tasks left."""
+    return not any(f"{name}:" in reason for name in DETERMINISTIC)
 
 
 def _progress(run: Run) -> str:
@@ -52,14 +61,16 @@ class Sweeper:
         self.settled = 0  # runs that reached a final state in this invocation
         self.accounting = self.cluster.executor != "slurm" or scontrol.accounting_enabled()
 
-    def launch(self, run: Run) -> None:
+    def launch(self, planned: PlannedRun) -> None:
+        run = planned.run
         attempt = self.store.entries.get(run.run_id, {}).get("attempts", 0) + 1
         run_dir = self.settings.sweep_dir / run.run_id
         spec_path = run_dir / "spec.json"
         run.spec.save(spec_path)
-        job = submit(self.cluster, run, spec_path, attempt_folder(run_dir, attempt),
+        job = submit(self.cluster, planned, spec_path, attempt_folder(run_dir, attempt),
                      self.settings.sweep_dir / "topology.json")
-        self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt)
+        self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
+                          cluster=self.cluster.name)
         self.running[run.run_id] = (run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
 
@@ -113,30 +124,35 @@ class Sweeper:
             self.store.record(run_id, state="CANCELLED")
         self.running.clear()
 
-    def run(self, runs: list[Run]) -> None:
+    def run(self, planned: list[PlannedRun]) -> None:
         """Local (or `sequential`) runs go one at a time, as they share hardware; others are submitted together."""
-        todo = [r for r in runs if not self.store.finished(r.run_id)]
-        for r in runs:
-            if r not in todo:
-                print(f"skipped {r.run_id}: finished earlier", flush=True)
-        self.reattach(todo)
+        todo = [p for p in planned if not self.store.finished(p.run.run_id)]
+        for p in planned:
+            if p not in todo:
+                print(f"skipped {p.run.run_id}: finished earlier", flush=True)
+        self.reattach([p.run for p in todo])
         if self.running:
             self.wait(len(self.running))
-            todo = [r for r in todo if not self.store.finished(r.run_id)]
+            todo = [p for p in todo if not self.store.finished(p.run.run_id)]
         for attempt in range(1 + self.settings.retries):
             if attempt:
-                todo = [r for r in todo if r.run_id in self.failed]
+                failed = [p for p in todo if p.run.run_id in self.failed]
+                for p in failed:
+                    if not retryable(self.failed[p.run.run_id]):
+                        print(f"not retrying {p.run.run_id}: it would fail the same way "
+                              f"({self.failed[p.run.run_id]})", flush=True)
+                todo = [p for p in failed if retryable(self.failed[p.run.run_id])]
                 if not todo:
                     break
                 print(f"retrying {len(todo)} failed run(s)", flush=True)
             self.settled = 0
             if self.cluster.executor == "local" or self.cluster.sequential:
-                for r in todo:
-                    self.launch(r)
+                for p in todo:
+                    self.launch(p)
                     self.wait(len(todo))
             else:
-                for r in todo:
-                    self.launch(r)
+                for p in todo:
+                    self.launch(p)
                 self.wait(len(todo))
 
 
@@ -147,15 +163,16 @@ def run_sweep(settings: Settings) -> int:
     runs = expand(settings)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
+    Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name)
     with SweepLock(settings.sweep_dir):
-        plan(settings, runs, echo=False)
+        planned, _ = plan(settings, runs, echo=False)
         sweeper = Sweeper(settings)
         try:
-            sweeper.run(runs)
+            sweeper.run(planned)
         except KeyboardInterrupt:
             sweeper.cancel_running()
             raise
-        results = [json.loads((settings.sweep_dir / r.run_id / "result.json").read_text())
+        results = [RunResult.load(settings.sweep_dir / r.run_id / "result.json")
                    for r in runs if sweeper.store.finished(r.run_id)]
         if results:
             print(write_report(settings.sweep_dir, results))

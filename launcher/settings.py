@@ -206,9 +206,33 @@ def compose(overrides: list[str]) -> Settings:
     cluster = _typed(Cluster, raw["cluster"], "cluster").validate()
     sweep = _typed(Sweep, raw["sweep"], "sweep")
     check_name(sweep.name, results_dir)
+    if not isinstance(sweep.train, dict):
+        raise ConfigError(f"sweep.train must be a mapping, got {sweep.train!r}")
     return Settings(
         action=raw["action"], results_dir=results_dir, retries=raw["retries"], poll_s=float(raw["poll_s"]),
-        cluster=cluster, sweep=sweep, model=raw["model"], train=raw["train"], data=raw["data"], wandb=raw["wandb"])
+        cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
+        data=raw["data"], wandb=raw["wandb"])
+
+
+_TRAIN_OVERRIDE = re.compile(r"^\+{0,2}(sweep\.)?train\.(\w+)=")
+
+
+def train_settings(preset: dict, sweep: Sweep, overrides: list[str]) -> dict:
+    """The train settings every run of the sweep gets. Precedence, lowest first: the train preset
+    (conf/train/), the sweep's `train:` block, then the command line, where the last typed of `train.K=`
+    and `sweep.train.K=` wins. A typed value that replaces the sweep's is said (stdout: a note, not an error)."""
+    merged = {**preset, **sweep.train}
+    typed: dict[str, str] = {}  # key -> "train" or "sweep.train", whichever was typed last
+    for override in overrides:
+        match = _TRAIN_OVERRIDE.match(override)
+        if match:
+            typed[match.group(2)] = "sweep.train" if match.group(1) else "train"
+    for key, where in typed.items():
+        if where == "train" and key in sweep.train and preset.get(key) != sweep.train[key]:
+            print(f"fedshard: note: train.{key}={preset.get(key)!r} (typed) replaces sweep {sweep.name}'s "
+                  f"train.{key}={sweep.train[key]!r}")
+            merged[key] = preset.get(key)
+    return merged
 
 
 def _first_line(exc: Exception) -> str:

@@ -1,7 +1,9 @@
 """The results store: manifest.jsonl maps run_id -> job id -> state, rewritten atomically on every change.
 
 A run is finished when the manifest says COMPLETED and its result.json exists;
-re-running a sweep skips finished runs and resubmits the rest.
+re-running a sweep skips finished runs and resubmits the rest — but only runs of the same experiment:
+a run directory whose spec.json differs in any key the result depends on (train.spec.identity), or
+whose runs went to another cluster, is never reused (`check_same_experiment`).
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import time
 from pathlib import Path
 
 from launcher.errors import StateError
-from train.spec import write_atomic
+from train.errors import FedshardError
+from train.spec import RunSpec, identity_changes, write_atomic
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 
@@ -39,3 +42,29 @@ class Store:
 
     def finished(self, run_id: str) -> bool:
         return self.state(run_id) == "COMPLETED" and (self.sweep_dir / run_id / "result.json").exists()
+
+    def check_same_experiment(self, specs: list, cluster: str) -> None:
+        """Refuse, before anything is submitted, run directories left by another experiment: reusing their
+        results (or resuming their checkpoints) would report one experiment under another's name."""
+        clashes = []
+        for spec in specs:
+            run_dir = self.sweep_dir / spec.run_id
+            changes = []
+            earlier_cluster = self.entries.get(spec.run_id, {}).get("cluster")
+            if earlier_cluster not in (None, cluster):
+                changes.append(f"cluster: {earlier_cluster!r} -> {cluster!r}")
+            if (run_dir / "spec.json").exists():
+                try:  # read back as a spec, so that defaults filled in since compare equal
+                    earlier = RunSpec.load(run_dir / "spec.json").to_dict()
+                except FedshardError as exc:
+                    raise StateError(f"{run_dir / 'spec.json'} cannot be read as a run spec ({exc}); delete "
+                                     f"{run_dir} to rerun it") from None
+                changes += identity_changes(earlier, spec.to_dict())
+            if changes:
+                clashes.append((run_dir, changes))
+        if clashes:
+            run_dir, changes = clashes[0]
+            more = f"; {len(clashes) - 1} more run(s) differ too" if len(clashes) > 1 else ""
+            raise StateError(f"{run_dir} holds a run of another experiment ({', '.join(changes[:4])}"
+                             f"{', ...' if len(changes) > 4 else ''}){more}: use another results_dir, "
+                             f"or delete {'these run directories' if more else 'it'} to run afresh")

@@ -138,6 +138,17 @@ def rendezvous_file(ctx: Ctx):
     (ctx.run / ".rendezvous-slurm-4242-0-0").write_text(f"127.0.0.1 {ctx.port}\n")
 
 
+def earlier_run(*overrides):
+    """results/smoke holds the run directories (spec.json) that `python -m launcher OVERRIDES` would create."""
+    def prepare(ctx: Ctx):
+        from launcher.settings import compose
+        from launcher.sweep import expand
+
+        for run in expand(compose([*overrides, f"results_dir={ctx.results}"])):
+            run.spec.save(Path(run.spec.out_dir) / "spec.json")
+    return prepare
+
+
 def both(*steps):
     def prepare(ctx: Ctx):
         for step in steps:
@@ -185,7 +196,7 @@ CASES = [
     ("unknown-strategy", launcher("sweep.strategies=[fsdp,diloco]"), "unknown strategy 'diloco'", None),
     ("unknown-model-preset", launcher("model.preset=huge"), "unknown model preset 'huge'; expected one of", None),
     ("unknown-data-kind", launcher("data.kind=csv"), "unknown data kind 'csv'", None),
-    ("unknown-data-key", launcher("+data.shuffle=1"), "unknown data keys for kind 'synthetic': shuffle", None),
+    ("unknown-data-key", launcher("+data.shuffle=1"), "unknown data (kind 'synthetic') key(s): shuffle", None),
     ("wrong-type", launcher("cluster.max_ranks=many"), "cluster.max_ranks must be an integer or null, got 'many'",
      None),
     ("not-a-list", launcher("sweep.strategies=fsdp"), "sweep.strategies must be a list of strings, got 'fsdp'", None),
@@ -319,6 +330,16 @@ CASES = [
      "tokenizer directory does not exist: {tmp}/no_tokenizer", text_data("a.txt", "w1 w2")),
     ("tokenizer-unloadable", train(data={**TEXT, "tokenizer": "{tmp}/tok"}), "cannot load tokenizer from {tmp}/tok",
      both(text_data("a.txt", "w1 w2"), broken_tokenizer)),
+    ("launcher-data-path-missing", launcher("data=text", "data.paths=[{tmp}/none.txt]", "data.tokenizer={TOKENIZER}"),
+     "data path does not exist: {tmp}/none.txt", None),
+    ("launcher-tokenizer-missing", launcher("data=text", "data.paths=[{tmp}/data]", "data.tokenizer={tmp}/no_tok"),
+     "data.tokenizer directory does not exist: {tmp}/no_tok", text_data("a.txt", "w1 w2")),
+    # ---- run identity: results of another experiment are never reused
+    ("other-experiment", launcher("model=tiny"),
+     "{tmp}/results/smoke/fsdp-F1-R1-S4 holds a run of another experiment (model.preset: 'small' -> 'tiny'); "
+     "1 more run(s) differ too: use another results_dir, or delete these run directories to run afresh",
+     earlier_run("model=small")),
+    ("other-experiment-train-key", launcher("train.steps=9"), "(train.steps: 6 -> 9)", earlier_run()),
     # ---- rendezvous (loopback only)
     ("rendezvous-unreachable", train(**FL2), "rank 1 of 2: nothing answers at the rendezvous tcp://127.0.0.1:{port} "
                                              "(rank 0's address, from MASTER_ADDR/MASTER_PORT) after "

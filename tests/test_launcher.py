@@ -1,5 +1,6 @@
 """The launcher: layouts as in the paper, plan.json and sbatch text, a local sweep (bad input: test_bad_input.py)."""
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,7 +11,8 @@ import pytest
 
 from launcher.settings import compose
 from launcher.sweep import expand
-from tests.support import clean_env
+from tests.support import children, clean_env, steps_logged, wait_for
+from train.result import RunResult
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -100,8 +102,8 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     table3 = (sweep_dir / "table3.md").read_text()
     assert "| FSDP | (1,1,4) |" in table3 and "| FL+FSDP | (2,1,2) | 2 |" in table3
     assert "Table 3" in proc.stdout and "Table 4" in proc.stdout
-    result = json.loads((sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json").read_text())
-    assert result["aggregations"] == 3 and result["world_size"] == 4
+    result = RunResult.load(sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json")
+    assert result.aggregations == 3 and result.world_size == 4
     assert len(list((sweep_dir / "wandb").glob("offline-run-*"))) == 2  # offline: nothing left the machine
 
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")
@@ -127,14 +129,35 @@ def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
     assert "submitted fsdp-F1-R1-S4 as job" in again.stdout and "(attempt 2)" in again.stdout
 
 
-def test_failed_runs_are_retried_then_reported_with_their_error(tmp_path):
-    proc = _launcher(*SMOKE, "data=text", "data.paths=[/nonexistent/corpus.txt]", "data.tokenizer=/nonexistent/tok",
+def test_a_deterministic_failure_is_reported_and_not_retried(tmp_path, tiny_tokenizer):
+    """The data exists (the launcher checks paths before submitting) but holds no text: the job fails with a
+    DataError, which would fail again, so it is not retried."""
+    (tmp_path / "empty.txt").write_text("")
+    proc = _launcher(*SMOKE, "data=text", f"data.paths=[{tmp_path / 'empty.txt'}]", f"data.tokenizer={tiny_tokenizer}",
                      "sweep.strategies=[fsdp]", "retries=1", f"results_dir={tmp_path}")
     assert proc.returncode == 1, proc.stderr
-    assert "retrying 1 failed run(s)" in proc.stdout and "1 of 1 run(s) failed" in proc.stdout
+    assert "not retrying fsdp-F1-R1-S4: it would fail the same way" in proc.stdout
+    assert "retrying 1" not in proc.stdout and "1 of 1 run(s) failed" in proc.stdout
     entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
-    assert entry["state"] == "FAILED" and entry["attempts"] == 2
-    assert "tokenizer directory" in entry["reason"] and "/nonexistent/tok" in entry["reason"]
+    assert entry["state"] == "FAILED" and entry["attempts"] == 1 and entry["cluster"] == "local"
+    assert "DataError" in entry["reason"] and "yields 0 tokens" in entry["reason"]
+
+
+def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
+    """A task killed by SIGKILL (as a failing node would) can pass on a second try: it is retried."""
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, "sweep.strategies=[fsdp]", "retries=1",
+                                 "sweep.train.steps=400", f"results_dir={tmp_path}"], env=_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    manifest, run_dir = tmp_path / "smoke" / "manifest.jsonl", tmp_path / "smoke" / "fsdp-F1-R1-S4"
+    wait_for(lambda: steps_logged(run_dir) >= 1 and manifest.exists(), "the first logged step",
+             alive=lambda: launcher.poll() is None)
+    job_pid = int(json.loads(manifest.read_text())["job_id"])  # the local executor's job id is its pid
+    os.kill(children(job_pid)[-1], signal.SIGKILL)
+    out, err = launcher.communicate(timeout=900)
+    assert launcher.returncode == 0, err[-3000:]
+    assert "retrying 1 failed run(s)" in out and "not retrying" not in out
+    entry = json.loads(manifest.read_text())
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 2
 
 
 def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):

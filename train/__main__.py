@@ -9,10 +9,21 @@ import sys
 from .errors import FedshardError
 from .job import TrainJob
 
+USAGE = """usage: python -m train SPEC.json
+
+Train one run spec (JSON, written by the launcher as <run dir>/spec.json; keys: train/spec.py).
+Rank and world size come from torchrun, srun or submitit; with none of them, one rank.
+A rerun resumes from the newest checkpoint in the spec's out_dir (a spec that differs from the
+checkpoint's in any key the result depends on is refused). Writes <out_dir>/result.json
+(docs/result-schema.md) and metrics.jsonl."""
+
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m train SPEC.json   (rank/world from torchrun, srun or submitit)", file=sys.stderr)
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    if len(argv) != 1:
+        print(USAGE.split("\n", 1)[0], file=sys.stderr)
         return 2
     try:
         TrainJob(argv[0])()

@@ -174,6 +174,35 @@ class RunSpec:
         write_atomic(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
 
 
+# Spec keys that do not change what a run measures: where it writes, how long to wait for peers, how often to
+# checkpoint. Every other key is part of the run's identity (train.loop refuses a checkpoint, and the launcher
+# a run directory, made with a spec that differs in any of them).
+NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.checkpoint_every",
+                          "train.keep_checkpoints", "train.stop_check_every"})
+
+
+def identity(spec: dict) -> dict:
+    """A spec (as a dict) flattened to dotted keys, less NOT_IDENTITY: what the run's result depends on."""
+    flat: dict = {}
+    for key, value in spec.items():
+        for inner_key, inner in (value.items() if isinstance(value, dict) else [(None, value)]):
+            name = key if inner_key is None else f"{key}.{inner_key}"
+            flat[name] = list(inner) if isinstance(inner, tuple) else inner  # as JSON reads it back
+    return {k: v for k, v in flat.items() if k not in NOT_IDENTITY}
+
+
+def identity_changes(old: dict, new: dict) -> list[str]:
+    """`key: old -> new` for each identity key on which two specs (as dicts) differ, sorted by key."""
+    a, b = identity(old), identity(new)
+    missing = object()
+    return [f"{k}: {_show(a.get(k, missing))} -> {_show(b.get(k, missing))}"
+            for k in sorted(set(a) | set(b)) if a.get(k, missing) != b.get(k, missing)]
+
+
+def _show(value) -> str:
+    return "(unset)" if not isinstance(value, (str, int, float, bool, list, dict, type(None))) else repr(value)
+
+
 def coords(rank: int, F: int, R: int, S: int) -> tuple[int, int, int]:
     """(f, r, s) of a rank in the row-major F x R x S grid (pure: the launcher uses it without torch)."""
     if not 0 <= rank < F * R * S:

@@ -1,0 +1,81 @@
+"""The command lines themselves: Hydra's flags on the launcher, override precedence, `python -m train --help`."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+from tests.support import ROOT, clean_env
+
+
+def _run(*argv, cwd, **env):
+    return subprocess.run([sys.executable, *argv], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=clean_env(slurm_client=False, **env))
+
+
+def test_help_lists_config_groups_and_their_choices(tmp_path):
+    proc = _run("-m", "launcher", "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    groups = {line.split(":")[0]: line.split(": ")[1].split(", ") for line in proc.stdout.splitlines()
+              if line.split(":")[0] in ("cluster", "data", "model", "sweep", "train") and ": " in line}
+    for group, choices in groups.items():
+        assert choices == sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")), group
+    assert set(groups) == {"cluster", "data", "model", "sweep", "train"}
+    assert "Precedence, lowest first" in proc.stdout and "action=plan" in proc.stdout
+
+
+def test_cfg_prints_the_composed_config_and_submits_nothing(tmp_path):
+    job = _run("-m", "launcher", "--cfg", "job", "sweep=testbed_table3", "model=tiny", "train.lr=0.5",
+               f"results_dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert job.returncode == 0, job.stderr
+    cfg = yaml.safe_load(job.stdout)
+    assert cfg["sweep"]["name"] == "testbed_table3" and cfg["model"] == {"preset": "tiny"}
+    assert cfg["train"]["lr"] == 0.5 and "hydra" not in cfg
+    full = _run("-m", "launcher", "--cfg", "all", cwd=tmp_path)
+    assert full.returncode == 0 and "hydra" in yaml.safe_load(full.stdout)
+    package = _run("-m", "launcher", "--cfg", "job", "--package", "cluster", cwd=tmp_path)
+    assert package.returncode == 0 and yaml.safe_load(package.stdout)["name"] == "local"
+    assert not (tmp_path / "r").exists() and sorted(os.listdir(tmp_path)) == []
+
+
+def test_info_and_hydra_help(tmp_path):
+    info = _run("-m", "launcher", "--info", "defaults", cwd=tmp_path)
+    assert info.returncode == 0 and "sweep/smoke" in info.stdout and "cluster/local" in info.stdout
+    hydra_help = _run("-m", "launcher", "--hydra-help", cwd=tmp_path)
+    assert hydra_help.returncode == 0 and "Hydra" in hydra_help.stdout and "--cfg" in hydra_help.stdout
+
+
+def test_tab_completion_through_the_console_script(tmp_path):
+    fedshard = shutil.which("fedshard")
+    assert fedshard, "pip install -e . installs the fedshard console script"
+    def complete(line):
+        return subprocess.run([fedshard, "-sc", "query=bash"], capture_output=True, text=True, timeout=120,
+                              env=clean_env(COMP_LINE=line), cwd=tmp_path).stdout.split()
+    assert complete("fedshard sweep=sm") == ["sweep=smoke"]
+    assert "train.steps=" in complete("fedshard train.st")
+
+
+def test_typed_train_keys_win_over_the_sweeps_train_block(tmp_path):
+    """smoke's `train: {steps: 6}` used to win over `train.steps=10` on the command line."""
+    def steps(*overrides):
+        proc = _run("-m", "launcher", "sweep=smoke", "action=plan", *overrides, f"results_dir={tmp_path}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        plan = json.loads((tmp_path / "smoke" / "plan.json").read_text())
+        return {e["train"]["steps"] for e in plan["runs"]}, proc.stdout
+
+    assert steps()[0] == {6}
+    got, out = steps("train.steps=10")
+    assert got == {10} and "train.steps=10 (typed) replaces sweep smoke's train.steps=6" in out
+    assert steps("train.steps=10", "sweep.train.steps=7")[0] == {7}  # the last typed wins
+    assert steps("sweep.train.steps=7", "train.steps=10")[0] == {10}
+    assert steps("train.lr=0.5")[1].count("note") == 0  # nothing shadowed, nothing said
+
+
+def test_train_help_exits_zero_and_bad_usage_exits_two(tmp_path):
+    proc = _run("-m", "train", "--help", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m train SPEC.json")
+    assert "result.json" in proc.stdout and not proc.stderr
+    bad = _run("-m", "train", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip() == "usage: python -m train SPEC.json"
