@@ -1,5 +1,5 @@
-"""Model shapes by name and the keys of each data source; pure data, so the launcher can size models and
-check configs without importing torch."""
+"""Model shapes by name; pure data, so the launcher can size models without importing torch (the data
+sections' keys are train.sections' dataclass fields)."""
 
 
 def llama3_rope(original_max: int) -> dict:
@@ -26,10 +26,4 @@ PRESETS: dict[str, dict] = {
     "mini": dict(vocab_size=2048, hidden_size=192, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=3,
                  intermediate_size=512, max_position_embeddings=4096, rope_theta=500000.0, rms_norm_eps=1e-5,
                  tie_word_embeddings=False, rope_scaling=llama3_rope(512)),
-}
-
-# Keys each data source accepts besides "kind" (train/data.py documents them).
-DATA_KEYS: dict[str, tuple[str, ...]] = {
-    "synthetic": ("vocab", "branching", "eval_sequences"),
-    "text": ("paths", "tokenizer", "eval_fraction", "text_key"),
 }
