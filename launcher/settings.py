@@ -112,7 +112,8 @@ class Settings:
 
     @property
     def sweep_dir(self) -> Path:
-        return self.results_dir / self.sweep.name
+        """Keyed by cluster too: planning or running one sweep on two clusters never mixes their files."""
+        return self.results_dir / self.cluster.name / self.sweep.name
 
 
 def _typed(cls, raw: dict, where: str):
@@ -163,16 +164,16 @@ def _one_command(line: str, key: str) -> str:
 _OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
-def check_name(name, results_dir: Path) -> Path:
-    """The sweep's directory under results_dir: a single, ordinary path component that stays inside it."""
+def check_name(name, parent: Path, key: str = "sweep.name") -> Path:
+    """parent/name, where name (cluster.name or sweep.name) is a single ordinary path component that stays
+    inside parent: the sweep directory is <results_dir>/<cluster.name>/<sweep.name>."""
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
-        raise ConfigError(f"sweep.name {name!r} must be a plain directory name (no '/', '\\', NUL; "
-                          f"not empty, '.' or '..'): it names <results_dir>/<sweep.name>")
-    sweep_dir = results_dir / name
-    if sweep_dir.resolve().parent != results_dir.resolve():  # e.g. a symlink planted in a shared results_dir
-        raise ConfigError(f"sweep directory {sweep_dir} resolves to {sweep_dir.resolve()}, outside the results "
-                          f"directory {results_dir}")
-    return sweep_dir
+        raise ConfigError(f"{key} {name!r} must be a plain directory name (no '/', '\\', NUL; "
+                          f"not empty, '.' or '..'): it names <results_dir>/<cluster.name>/<sweep.name>")
+    path = parent / name
+    if path.resolve().parent != parent.resolve():  # e.g. a symlink planted in a shared results_dir
+        raise ConfigError(f"{key} directory {path} resolves to {path.resolve()}, outside {parent}")
+    return path
 
 
 def compose(overrides: list[str]) -> Settings:
@@ -205,7 +206,7 @@ def compose(overrides: list[str]) -> Settings:
     results_dir = Path(raw["results_dir"]).resolve()
     cluster = _typed(Cluster, raw["cluster"], "cluster").validate()
     sweep = _typed(Sweep, raw["sweep"], "sweep")
-    check_name(sweep.name, results_dir)
+    check_name(sweep.name, check_name(cluster.name, results_dir, "cluster.name"))
     if not isinstance(sweep.train, dict):
         raise ConfigError(f"sweep.train must be a mapping, got {sweep.train!r}")
     return Settings(

@@ -84,7 +84,7 @@ def test_plan_from_a_snapshot_directory(tmp_path):
     fl_hsdp = entries[3]
     assert fl_hsdp.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 12.5e9}
     assert 0 < fl_hsdp.predicted_ratio_to_fsdp < 1
-    on_disk = json.loads((tmp_path / "paper_table3" / "plan.json").read_text())["runs"]
+    on_disk = json.loads((tmp_path / "leonardo" / "paper_table3" / "plan.json").read_text())["runs"]
     assert on_disk == [e.to_json() for e in entries]
     assert list(on_disk[0]) == ["run_id", "strategy", "F", "R", "S", "A", "world_size", "gpus_per_node", "model",
                                 "model_params", "train", "note", "nodes", "hostfile", "coords", "bandwidth",

@@ -74,7 +74,7 @@ def tools(**bodies):
 
 def results_file(name: str, text: str):
     def prepare(ctx: Ctx):
-        path = ctx.results / "smoke" / name
+        path = ctx.results / "local" / "smoke" / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return prepare
@@ -82,7 +82,7 @@ def results_file(name: str, text: str):
 
 def locked_sweep(ctx: Ctx):
     """Another launcher holds the sweep directory's lock."""
-    path = ctx.results / "smoke" / ".lock"
+    path = ctx.results / "local" / "smoke" / ".lock"
     path.parent.mkdir(parents=True)
     fh = open(path, "a+")
     fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -94,8 +94,8 @@ def locked_sweep(ctx: Ctx):
 def symlinked_sweep(ctx: Ctx):
     """results/smoke is a link to a directory outside results/."""
     (ctx.tmp / "elsewhere").mkdir()
-    ctx.results.mkdir()
-    (ctx.results / "smoke").symlink_to(ctx.tmp / "elsewhere")
+    (ctx.results / "local").mkdir(parents=True)
+    (ctx.results / "local" / "smoke").symlink_to(ctx.tmp / "elsewhere")
 
 
 def env(**values):
@@ -246,7 +246,11 @@ CASES = [
      None),
     ("sweep-name-empty", launcher("sweep.name=''", "action=plan"), "sweep.name '' must be a plain directory name",
      None),
-    ("sweep-dir-symlink-out", launcher("action=plan"), "outside the results directory", symlinked_sweep),
+    ("cluster-name-dotdot", launcher("cluster.name=..", "action=plan"),
+     "cluster.name '..' must be a plain directory name", None),
+    ("sweep-dir-symlink-out", launcher("action=plan"),
+     "sweep.name directory {tmp}/results/local/smoke resolves to {tmp}/elsewhere, outside {tmp}/results/local",
+     symlinked_sweep),
     # ---- topology text and hostlists (a snapshot directory)
     ("snapshot-missing", launcher("cluster=leonardo", "cluster.snapshot={tmp}/none", "action=plan"),
      "snapshot file {tmp}/none/topology.txt does not exist", None),
@@ -289,8 +293,9 @@ CASES = [
      snapshot(nodes=states("DOWN+DRAIN"))),
     ("testbed-outside-namespace", launcher("cluster=testbed", "action=plan"),
      "must be used from network namespace fsb-hub", None),
-    ("sweep-locked", launcher(), "another launcher (pid 4242) is running on {tmp}/results/smoke", locked_sweep),
-    ("manifest-malformed", launcher("action=plan"), "{tmp}/results/smoke/manifest.jsonl:1 is not a manifest entry",
+    ("sweep-locked", launcher(), "another launcher (pid 4242) is running on {tmp}/results/local/smoke", locked_sweep),
+    ("manifest-malformed", launcher("action=plan"),
+     "{tmp}/results/local/smoke/manifest.jsonl:1 is not a manifest entry",
      results_file("manifest.jsonl", "not json\n")),
     # ---- the training entrypoint: spec files, layouts, A, F, keys
     ("spec-missing", train(), "spec file {tmp}/spec.json does not exist", spec_file(None)),
@@ -308,8 +313,8 @@ CASES = [
     ("spec-A-missing", train(strategy="fl_fsdp", F=2), "A (aggregation period in steps) must be an integer >= 1, "
                                                         "got None", None),
     ("spec-A-zero", train(**{**FL2, "A": 0}), "A (aggregation period in steps) must be an integer >= 1, got 0", None),
-    ("out-dir-blocked", train(out_dir="{tmp}/results/smoke/run"),  # results/smoke is a regular file
-     "out_dir {tmp}/results/smoke/run cannot be created: Not a directory", results_file("", "")),
+    ("out-dir-blocked", train(out_dir="{tmp}/results/local/smoke/run"),  # results/local/smoke is a regular file
+     "out_dir {tmp}/results/local/smoke/run cannot be created: Not a directory", results_file("", "")),
     ("ranks-mismatch", train(**FL2), "F*R*S = 2*1*1 = 2 but the launcher started 1 rank(s) (single)", None),
     ("spec-unknown-preset", train(model={"preset": "huge"}), "unknown model preset 'huge'", None),
     ("spec-unknown-model-key", train(model={"preset": "tiny", "hiden_size": 8}), "unknown model key(s): hiden_size",
@@ -336,7 +341,7 @@ CASES = [
      "data.tokenizer directory does not exist: {tmp}/no_tok", text_data("a.txt", "w1 w2")),
     # ---- run identity: results of another experiment are never reused
     ("other-experiment", launcher("model=tiny"),
-     "{tmp}/results/smoke/fsdp-F1-R1-S4 holds a run of another experiment (model.preset: 'small' -> 'tiny'); "
+     "{tmp}/results/local/smoke/fsdp-F1-R1-S4 holds a run of another experiment (model.preset: 'small' -> 'tiny'); "
      "1 more run(s) differ too: use another results_dir, or delete these run directories to run afresh",
      earlier_run("model=small")),
     ("other-experiment-train-key", launcher("train.steps=9"), "(train.steps: 6 -> 9)", earlier_run()),

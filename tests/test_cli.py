@@ -62,7 +62,7 @@ def test_typed_train_keys_win_over_the_sweeps_train_block(tmp_path):
     def steps(*overrides):
         proc = _run("-m", "launcher", "sweep=smoke", "action=plan", *overrides, f"results_dir={tmp_path}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-        plan = json.loads((tmp_path / "smoke" / "plan.json").read_text())
+        plan = json.loads((tmp_path / "local" / "smoke" / "plan.json").read_text())
         return {e["train"]["steps"] for e in plan["runs"]}, proc.stdout
 
     assert steps()[0] == {6}
@@ -79,3 +79,17 @@ def test_train_help_exits_zero_and_bad_usage_exits_two(tmp_path):
     assert "result.json" in proc.stdout and not proc.stderr
     bad = _run("-m", "train", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.strip() == "usage: python -m train SPEC.json"
+
+
+def test_plans_for_two_clusters_do_not_overwrite_each_other(tmp_path):
+    """Planning paper_table3 on leonardo used to overwrite the local run's plan.json and topology.json."""
+    for cluster in ("local", "leonardo"):
+        proc = _run("-m", "launcher", "sweep=paper_table3", f"cluster={cluster}", "action=plan",
+                    f"results_dir={tmp_path}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert f"plan written to {tmp_path / cluster / 'paper_table3' / 'plan.json'}" in proc.stdout
+    plans = {c: json.loads((tmp_path / c / "paper_table3" / "plan.json").read_text()) for c in ("local", "leonardo")}
+    assert {c: p["cluster"] for c, p in plans.items()} == {"local": "local", "leonardo": "leonardo"}
+    assert plans["local"]["runs"][0]["world_size"] == 8 and plans["leonardo"]["runs"][0]["world_size"] == 512
+    assert (tmp_path / "local" / "paper_table3" / "topology.json").exists()
+    assert sorted(os.listdir(tmp_path)) == ["leonardo", "local"]

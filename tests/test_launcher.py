@@ -33,7 +33,7 @@ def _layouts(overrides):
 def test_leonardo_paper_table3_plan_is_the_papers_four_runs(tmp_path):
     proc = _launcher("sweep=paper_table3", "cluster=leonardo", "action=plan", f"results_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
-    plan = json.loads((tmp_path / "paper_table3" / "plan.json").read_text())
+    plan = json.loads((tmp_path / "leonardo" / "paper_table3" / "plan.json").read_text())
     got = [(r["strategy"], r["F"], r["R"], r["S"], r["A"]) for r in plan["runs"]]
     assert got == [("fsdp", 1, 1, 512, None), ("hsdp", 1, 128, 4, None), ("fl_fsdp", 128, 1, 4, 8),
                    ("fl_hsdp", 16, 8, 4, 8)]
@@ -67,7 +67,7 @@ def test_paper_preset_trains_the_authors_tokens_with_whole_fedavg_periods():
 def test_sbatch_text_matches_golden_file(tmp_path):
     assert _launcher("sweep=paper_table3", "cluster=leonardo", "action=plan", f"results_dir={tmp_path}",
                      "cluster.account=my_account").returncode == 0
-    run = json.loads((tmp_path / "paper_table3" / "plan.json").read_text())["runs"][3]
+    run = json.loads((tmp_path / "leonardo" / "paper_table3" / "plan.json").read_text())["runs"][3]
     text = run["sbatch"].replace(str(tmp_path), "RESULTS").replace(sys.executable, "PYTHON")
     assert text == (GOLDEN / "leonardo_fl_hsdp.sbatch").read_text()
 
@@ -92,7 +92,7 @@ SMOKE = ["sweep=smoke", "model=tiny"]
 def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     proc = _launcher(*SMOKE, f"results_dir={tmp_path}", "wandb.enabled=true", env=_env(WANDB_API_KEY=""))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    sweep_dir = tmp_path / "smoke"
+    sweep_dir = tmp_path / "local" / "smoke"
     manifest = [json.loads(line) for line in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
     assert {m["run_id"]: m["state"] for m in manifest} == {"fsdp-F1-R1-S4": "COMPLETED",
                                                            "fl_fsdp-F2-R1-S2-A2": "COMPLETED"}
@@ -121,9 +121,9 @@ def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and "interrupted" in err
-    manifest = [json.loads(line) for line in (tmp_path / "smoke" / "manifest.jsonl").read_text().splitlines()]
+    manifest = [json.loads(line) for line in (tmp_path / "local" / "smoke" / "manifest.jsonl").read_text().splitlines()]
     assert [(m["run_id"], m["state"]) for m in manifest] == [("fsdp-F1-R1-S4", "CANCELLED")]
-    assert not (tmp_path / "smoke" / "fsdp-F1-R1-S4" / "result.json").exists()
+    assert not (tmp_path / "local" / "smoke" / "fsdp-F1-R1-S4" / "result.json").exists()
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")
     assert again.returncode == 0, again.stderr
     assert "submitted fsdp-F1-R1-S4 as job" in again.stdout and "(attempt 2)" in again.stdout
@@ -138,7 +138,7 @@ def test_a_deterministic_failure_is_reported_and_not_retried(tmp_path, tiny_toke
     assert proc.returncode == 1, proc.stderr
     assert "not retrying fsdp-F1-R1-S4: it would fail the same way" in proc.stdout
     assert "retrying 1" not in proc.stdout and "1 of 1 run(s) failed" in proc.stdout
-    entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
+    entry = json.loads((tmp_path / "local" / "smoke" / "manifest.jsonl").read_text())
     assert entry["state"] == "FAILED" and entry["attempts"] == 1 and entry["cluster"] == "local"
     assert "DataError" in entry["reason"] and "yields 0 tokens" in entry["reason"]
 
@@ -148,7 +148,7 @@ def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, "sweep.strategies=[fsdp]", "retries=1",
                                  "sweep.train.steps=400", f"results_dir={tmp_path}"], env=_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    manifest, run_dir = tmp_path / "smoke" / "manifest.jsonl", tmp_path / "smoke" / "fsdp-F1-R1-S4"
+    manifest, run_dir = tmp_path / "local" / "smoke" / "manifest.jsonl", tmp_path / "local" / "smoke" / "fsdp-F1-R1-S4"
     wait_for(lambda: steps_logged(run_dir) >= 1 and manifest.exists(), "the first logged step",
              alive=lambda: launcher.poll() is None)
     job_pid = int(json.loads(manifest.read_text())["job_id"])  # the local executor's job id is its pid

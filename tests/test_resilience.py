@@ -66,13 +66,13 @@ def _finish(proc: subprocess.Popen) -> str:
 
 
 def _manifest(results: Path) -> dict:
-    return json.loads((results / "smoke" / "manifest.jsonl").read_text())
+    return json.loads((results / "local" / "smoke" / "manifest.jsonl").read_text())
 
 
 def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
     """SIGKILL the launcher (and, with whole_session, its job too, as when a login session dies)."""
     proc = _launcher(results, start_new_session=True)
-    run_dir = results / "smoke" / RUN_ID
+    run_dir = results / "local" / "smoke" / RUN_ID
     wait_for(lambda: (run_dir / "checkpoints" / "step-000020").exists(), "the step-20 checkpoint",
               alive=lambda: proc.poll() is None)
     if whole_session:
@@ -87,14 +87,14 @@ def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
 def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_path):
     out = _finish(_launcher(tmp_path / "reference"))
     assert "submitted" in out
-    reference = tmp_path / "reference" / "smoke" / RUN_ID
+    reference = tmp_path / "reference" / "local" / "smoke" / RUN_ID
 
     # The launcher alone dies: its job runs on; the rerun watches that job instead of submitting another.
     _kill_launcher_mid_run(tmp_path / "orphan", whole_session=False)
     job_id = _manifest(tmp_path / "orphan")["job_id"]
     out = _finish(_launcher(tmp_path / "orphan"))
     assert f"reattached {RUN_ID} to job {job_id} (attempt 1)" in out and f"submitted {RUN_ID}" not in out
-    run_dir = tmp_path / "orphan" / "smoke" / RUN_ID
+    run_dir = tmp_path / "orphan" / "local" / "smoke" / RUN_ID
     assert RunResult.load(run_dir / "result.json").resumed_from_step == 0
     assert _manifest(tmp_path / "orphan")["state"] == "COMPLETED"
     assert losses(run_dir) == losses(reference)
@@ -103,7 +103,7 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_pat
     _kill_launcher_mid_run(tmp_path / "session", whole_session=True)
     out = _finish(_launcher(tmp_path / "session"))
     assert f"reattached {RUN_ID}" in out and f"submitted {RUN_ID}" in out and "(attempt 2)" in out
-    run_dir = tmp_path / "session" / "smoke" / RUN_ID
+    run_dir = tmp_path / "session" / "local" / "smoke" / RUN_ID
     assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
     assert _manifest(tmp_path / "session")["state"] == "COMPLETED"
     assert losses(run_dir) == losses(reference)

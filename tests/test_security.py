@@ -26,7 +26,8 @@ def _plan(workdir: Path, *overrides, env=None):
                            f"results_dir={workdir / 'results'}"], capture_output=True, text=True, cwd=workdir,
                           env=env or _env(), timeout=120)
     assert proc.returncode == 0, proc.stderr
-    return proc, json.loads((workdir / "results" / "smoke" / "plan.json").read_text())
+    cluster = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), "local")
+    return proc, json.loads((workdir / "results" / cluster / "smoke" / "plan.json").read_text())
 
 
 def _run_in_sandbox(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -118,8 +119,9 @@ def test_no_secret_reaches_outputs_logs_or_plans(tmp_path):
                           "sweep.train.steps=2", "wandb.enabled=true", f"results_dir={tmp_path / 'run'}"],
                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-    assert list((tmp_path / "run" / "smoke").glob("*/submitit/attempt1/*_log.err"))  # the jobs' logs are read too
-    assert list((tmp_path / "run" / "smoke" / "wandb").glob("offline-run-*"))
+    sweep_dir = tmp_path / "run" / "local" / "smoke"
+    assert list(sweep_dir.glob("*/submitit/attempt1/*_log.err"))  # the jobs' logs are read too
+    assert list((sweep_dir / "wandb").glob("offline-run-*"))
     texts = {**_written(tmp_path), "launcher stdout (local)": local.stdout + local.stderr,
              "launcher stdout (slurm)": slurm.stdout + slurm.stderr, "sweep output": ran.stdout + ran.stderr}
     assert _leaks(texts) == []

@@ -71,7 +71,7 @@ def test_clients_outside_the_testbed_refuse(testbed, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "action=plan",
                            f"results_dir={tmp_path}"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "must be used from network namespace fsb-hub" in proc.stderr
-    assert not (tmp_path / "smoke").exists()
+    assert not (tmp_path / "testbed" / "smoke").exists()
 
 
 def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path):
@@ -79,7 +79,7 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
                "sweep.strategies=[fsdp,fl_hsdp]", "sweep.nodes=[4]", "sweep.F=[2]", f"results_dir={tmp_path}",
                timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sweep = tmp_path / "smoke"
+    sweep = tmp_path / "testbed" / "smoke"
     entries = [json.loads(line) for line in (sweep / "manifest.jsonl").read_text().splitlines()]
     states = {e["run_id"]: e["state"] for e in entries}
     assert states == {"fsdp-F1-R1-S8": "COMPLETED", "fl_hsdp-F2-R2-S2-A2": "COMPLETED"}
@@ -106,7 +106,7 @@ def test_pinned_mode_orders_ranks_with_a_hostfile(testbed, tmp_path):
                "model=tiny", "poll_s=1", "sweep.strategies=[fl_hsdp]", "sweep.nodes=[4]", "sweep.F=[2]",
                f"results_dir={tmp_path}", timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "smoke" / "fl_hsdp-F2-R2-S2-A2"
+    run_dir = tmp_path / "testbed" / "smoke" / "fl_hsdp-F2-R2-S2-A2"
     assert (run_dir / "hostfile").read_text().split() == ["tb2", "tb2", "tb4", "tb4", "tb1", "tb1", "tb3", "tb3"]
     result = RunResult.load(run_dir / "result.json")
     assert [r.node for r in sorted(result.ranks, key=lambda r: r.rank)] == \
@@ -124,7 +124,8 @@ def test_capture_script_snapshot_plans_like_the_live_cluster(testbed, tmp_path):
     offline = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "action=plan",
                   f"cluster.snapshot={snap}", f"results_dir={tmp_path / 'offline'}", cwd=ROOT)
     assert live.returncode == offline.returncode == 0, live.stderr + offline.stderr
-    plans = [json.loads((tmp_path / d / "smoke" / "plan.json").read_text())["runs"] for d in ("live", "offline")]
+    plans = [json.loads((tmp_path / d / "testbed" / "smoke" / "plan.json").read_text())["runs"]
+             for d in ("live", "offline")]
     assert [r["hostfile"] for r in plans[0]] == [r["hostfile"] for r in plans[1]]
 
 
@@ -140,23 +141,23 @@ def _sweep_with_fault(results: Path, fault) -> tuple[str, dict]:
     launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, f"results_dir={results}"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if fault is not None:
-        wait_for((results / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists,
+        wait_for((results / "testbed" / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists,
                  "the step-20 checkpoint", alive=lambda: launcher.poll() is None)
-        fault(json.loads((results / "smoke" / "manifest.jsonl").read_text())["job_id"])
+        fault(json.loads((results / "testbed" / "smoke" / "manifest.jsonl").read_text())["job_id"])
     out, err = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, out[-3000:] + err[-3000:]
-    return out, json.loads((results / "smoke" / "manifest.jsonl").read_text())
+    return out, json.loads((results / "testbed" / "smoke" / "manifest.jsonl").read_text())
 
 
 def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(testbed, tmp_path):
     _, entry = _sweep_with_fault(tmp_path / "reference", None)
     assert entry["attempts"] == 1
-    reference = losses(tmp_path / "reference" / "smoke" / RESUME_RUN)
+    reference = losses(tmp_path / "reference" / "testbed" / "smoke" / RESUME_RUN)
 
     # scancel: the job is gone; the launcher retries the run as a new job, which resumes from step >= 20.
     out, entry = _sweep_with_fault(tmp_path / "cancelled", lambda job: lab("scancel", job).check_returncode())
     assert "retrying 1 failed run(s)" in out and entry["state"] == "COMPLETED" and entry["attempts"] == 2
-    run_dir = tmp_path / "cancelled" / "smoke" / RESUME_RUN
+    run_dir = tmp_path / "cancelled" / "testbed" / "smoke" / RESUME_RUN
     assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
     # The retry was submitted only after the cancelled job's last task had stopped writing.
     retried_at = next((run_dir / "submitit" / "attempt2").glob("*_submitted.pkl")).stat().st_mtime
@@ -168,7 +169,7 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     signal = lambda job: lab("scancel", "--signal=USR2", job).check_returncode()  # noqa: E731
     out, entry = _sweep_with_fault(tmp_path / "preempted", signal)
     assert entry["state"] == "COMPLETED" and entry["attempts"] == 1 and "retrying" not in out
-    run_dir = tmp_path / "preempted" / "smoke" / RESUME_RUN
+    run_dir = tmp_path / "preempted" / "testbed" / "smoke" / RESUME_RUN
     result = RunResult.load(run_dir / "result.json")
     assert result.resumed_from_step >= 20
     assert lab("scontrol", "show", "job", entry["job_id"]).stdout.count("Restarts=1") == 1

@@ -30,5 +30,5 @@ def test_job_killed_outside_python_without_accounting_does_not_hang(testbed_with
     out, err = launcher.communicate(timeout=120)  # submitit alone would poll sacct forever
     assert launcher.returncode == 1, out + err
     assert "1 of 1 run(s) failed" in out
-    entry = json.loads((tmp_path / "smoke" / "manifest.jsonl").read_text())
+    entry = json.loads((tmp_path / "testbed" / "smoke" / "manifest.jsonl").read_text())
     assert entry["state"] == "FAILED" and entry["scheduler_state"] in ("CANCELLED", "VANISHED")

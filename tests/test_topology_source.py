@@ -33,7 +33,8 @@ def _plan(tmp_path: Path, answer: str, *overrides: str) -> tuple[subprocess.Comp
     proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "cluster=leonardo", "action=plan",
                            "cluster.nodes=8", f"results_dir={tmp_path / 'results'}", *overrides],
                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    plan = json.loads((tmp_path / "results" / "smoke" / "plan.json").read_text()) if proc.returncode == 0 else {}
+    path = tmp_path / "results" / "leonardo" / "smoke" / "plan.json"
+    plan = json.loads(path.read_text()) if proc.returncode == 0 else {}
     return proc, plan
 
 
