@@ -182,12 +182,15 @@ def compose(overrides: list[str]) -> Settings:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     try:
         with initialize_config_dir(str(CONF_DIR), version_base=None):
             cfg = hydra_compose("config", overrides=overrides)
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as exc:  # a `???` in conf/, e.g. data=text without data.paths
+        raise ConfigError(f"{exc.full_key} must be set (it is ??? in conf/): add {exc.full_key}=... to the "
+                          f"command line") from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         raise ConfigError(_first_line(exc)) from None
     raw.pop("hydra", None)

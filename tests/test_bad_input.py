@@ -196,6 +196,8 @@ CASES = [
     ("unknown-strategy", launcher("sweep.strategies=[fsdp,diloco]"), "unknown strategy 'diloco'", None),
     ("unknown-model-preset", launcher("model.preset=huge"), "unknown model preset 'huge'; expected one of", None),
     ("unknown-data-kind", launcher("data.kind=csv"), "unknown data kind 'csv'", None),
+    ("missing-mandatory", launcher("data=text"), "data.paths must be set (it is ??? in conf/): add data.paths=... "
+     "to the command line", None),
     ("unknown-data-key", launcher("+data.shuffle=1"), "unknown data (kind 'synthetic') key(s): shuffle", None),
     ("wrong-type", launcher("cluster.max_ranks=many"), "cluster.max_ranks must be an integer or null, got 'many'",
      None),
@@ -220,7 +222,8 @@ CASES = [
     ("bad-repeats", launcher("sweep.repeats=0"), "sweep.repeats must be a positive integer, got 0", None),
     ("empty-sweep", launcher("sweep.exclude=[{strategy:fsdp},{strategy:fl_fsdp}]"), "expands to no runs", None),
     ("bandwidth-missing-level", launcher("cluster.bandwidth_GBps=[1.4]", "action=plan"),
-     "cluster.bandwidth_GBps needs 2 values", None),
+     "cluster.bandwidth_GBps needs 2 values (inside a node, then levels 0..0), got 1: give one GB/s per level, "
+     "fastest first: [inside a node, under one level-0 switch (e.g. L0s0)]", None),
     ("bandwidth-increasing", launcher("cluster.bandwidth_GBps=[1,2]", "action=plan"),
      "cluster.bandwidth_GBps must be positive and not increase with level", None),
     ("bad-nodes-per-level", launcher("cluster.nodes_per_level=[2,4]", "action=plan"),
@@ -287,6 +290,9 @@ CASES = [
      tools(scontrol=FAIL_SCONTROL)),
     ("topology-mode", launcher("cluster=leonardo", "cluster.topology=guess", "action=plan"),
      "cluster.topology must be auto, live or ideal, got 'guess'", None),
+    ("fewer-usable-nodes", launcher(*SNAP, "sweep=paper_table3", "cluster.nodes=16"),
+     "needs 16 nodes of 4 GPUs but only 14 are usable; a federation group alone needs 16 nodes; to size the sweep "
+     "to them, set cluster.nodes=14", snapshot()),
     ("no-free-nodes", launcher(*SNAP, "cluster.placement=pinned"), "needs 2 nodes of 4 GPUs but only 0 are usable",
      snapshot(nodes=states("ALLOCATED"))),
     ("all-nodes-down", launcher(*SNAP), "needs 2 nodes of 4 GPUs but only 0 are usable",

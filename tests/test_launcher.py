@@ -105,6 +105,7 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     result = RunResult.load(sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json")
     assert result.aggregations == 3 and result.world_size == 4
     assert len(list((sweep_dir / "wandb").glob("offline-run-*"))) == 2  # offline: nothing left the machine
+    assert not (sweep_dir / ".lock").exists()  # removed when the launcher ended
 
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")
     assert again.returncode == 0
@@ -182,3 +183,19 @@ def test_a_bug_keeps_its_traceback_and_is_not_reported_as_bad_input(tmp_path, mo
     with pytest.raises(ValueError, match="a bug in the planner"):
         main(["action=plan", f"results_dir={tmp_path}"])
     assert "fedshard: error" not in capsys.readouterr().err
+
+
+def test_sweep_lock_is_exclusive_and_removed_on_exit(tmp_path):
+    from launcher.errors import StateError
+    from launcher.lock import SweepLock
+
+    with SweepLock(tmp_path) as held:
+        assert (tmp_path / ".lock").read_text() == f"pid {os.getpid()}"
+        with pytest.raises(StateError, match=f"another launcher \\(pid {os.getpid()}\\) is running on {tmp_path}"):
+            SweepLock(tmp_path).__enter__()
+        # A file swapped under the holder (as when it is removed and re-created) is not the one it locked.
+        (tmp_path / ".lock").unlink()
+        assert not held._still_ours()
+    assert not (tmp_path / ".lock").exists()
+    with SweepLock(tmp_path):  # and the directory can be locked again
+        pass

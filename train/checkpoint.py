@@ -41,14 +41,16 @@ class TrainState:
     def __init__(self, schedule: torch.optim.lr_scheduler.LRScheduler):
         self.step = 0
         self.aggregations = 0
-        self.schedule = schedule
+        self.train_time_s = 0.0  # training time of the steps done, over every attempt (so a resumed run's
+        self.schedule = schedule  # result covers the whole run)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "aggregations": self.aggregations, "scheduler": self.schedule.state_dict(),
-                "rng": torch.get_rng_state()}
+        return {"step": self.step, "aggregations": self.aggregations, "train_time_s": self.train_time_s,
+                "scheduler": self.schedule.state_dict(), "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.aggregations = state["step"], state["aggregations"]
+        self.train_time_s = state.get("train_time_s", 0.0)  # absent in checkpoints from before it was kept
         self.schedule.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
 
@@ -73,11 +75,14 @@ class Checkpointer:
         done = sorted(p for p in self.root.glob(f"{PREFIX}*") if (p / "meta.json").exists())
         return done[-1] if done else None
 
-    def due(self, steps_done: int) -> bool:
-        """Whether a periodic checkpoint is taken after `steps_done` steps: every `every` steps, or in a
-        federated run at the first FedAvg at or after each multiple of `every`."""
+    def due(self, steps_done: int, steps: int) -> bool:
+        """Whether a periodic checkpoint is taken after `steps_done` of `steps` steps: every `every` steps, or
+        in a federated run at the first FedAvg at or after each multiple of `every`; and after the last step,
+        so that a restart during evaluation does not train the last steps again."""
         if not self.every:
             return False
+        if steps_done == steps:
+            return True
         if self.A is None:
             return steps_done % self.every == 0
         return steps_done % self.A == 0 and steps_done // self.every > (steps_done - self.A) // self.every
@@ -122,7 +127,8 @@ class Checkpointer:
         dist.barrier()
         if self.rank == 0:
             meta = {"step": train_state["step"], "aggregations": train_state["aggregations"], "layout": self.layout,
-                    "scheduler": train_state["scheduler"], "per_group": parts_per_group, "spec": self.identity}
+                    "scheduler": train_state["scheduler"], "per_group": parts_per_group, "spec": self.identity,
+                    "train_time_s": train_state["train_time_s"]}
             (tmp / "meta.json").write_text(json.dumps(meta))
             os.replace(tmp, final)
             for old in sorted(p for p in self.root.glob(f"{PREFIX}*"))[:-self.keep]:

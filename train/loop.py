@@ -147,13 +147,13 @@ class Trainer:
 
     def _train(self, stop: StopRequest) -> float:
         dist.barrier()
-        self.log.start = time.perf_counter()
+        self.log.start = time.perf_counter() - self.state.train_time_s  # a resumed run's clock goes on
         for i in range(self.start_step, self.cfg.steps):
             self.step(i)
             done = i + 1
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
             stopping = done < self.cfg.steps and stop.agreed(done)
-            save = done < self.cfg.steps and (stopping or self.checkpointer.due(done))
+            save = stopping or self.checkpointer.due(done, self.cfg.steps)
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
                 with self._timed_apart("logging"):
                     self.log.flush()
@@ -163,6 +163,7 @@ class Trainer:
                               f"ppl {r['ppl']:.2f} step {r['step_time'] * 1e3:.1f} ms", flush=True)
             if save:
                 self._enter("checkpoint", i)
+                self.state.train_time_s = time.perf_counter() - self.log.start
                 with self._timed_apart("checkpoint"):
                     self.checkpointer.save(self.model, self.optimizer, self.state)
                 self.checkpoints += 1
@@ -200,7 +201,9 @@ class Trainer:
         self.model.train()
         return math.exp(min(700.0, (total[0] / total[1]).item())), elapsed
 
-    def run(self, backend: str) -> RunResult:
+    def run(self, backend: str) -> RunResult | None:
+        """The whole run; rank 0 returns its result (only rank 0 holds every logged step: the others may hold
+        none, after a resume from the last step), the other ranks None."""
         self.restore()
         ranks = [None] * self.world
         host = socket.gethostname()
@@ -211,11 +214,13 @@ class Trainer:
         eval_ppl, eval_time = self.evaluate()
         peak = torch.tensor([metrics.peak_memory_bytes(self.device)], dtype=torch.float64, device=self.device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        if self.rank != 0:
+            return None
         return self.summary(train_time, eval_ppl, eval_time, int(peak.item()), ranks, backend)
 
     def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend) -> RunResult:
         spec, cfg = self.spec, self.cfg
-        tokens = (cfg.steps - self.start_step) * self.world * cfg.batch_per_rank * cfg.seq_len  # this attempt's
+        tokens = cfg.steps * self.world * cfg.batch_per_rank * cfg.seq_len  # the whole run, as train_time
         tokens_per_s = tokens / train_time
         n_params = models.count_params(self.model)
         mfu = None
@@ -266,7 +271,7 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
         dist.destroy_process_group()
         raise
     launch_env.shutdown(env, out_dir)
-    if env.rank != 0:
+    if result is None:
         return None
     shutil.rmtree(trainer.watchdog.dir, ignore_errors=True)
     result.save(out_dir / "result.json")

@@ -99,8 +99,9 @@ class RunResult:
     steps: int = _doc("optimizer steps of the whole run")
     seq_len: int = _doc("tokens per sequence")
     batch_per_rank: int = _doc("sequences per rank per step")
-    tokens: int = _doc("tokens trained in this attempt (from resumed_from_step on)")
-    train_time_s: float = _doc("training wall time of this attempt, checkpoints and logging excluded")
+    tokens: int = _doc("tokens trained over the whole run (every attempt)")
+    train_time_s: float = _doc("training wall time of the whole run, every attempt's summed; checkpoints and "
+                               "logging excluded")
     tokens_per_s: float = _doc("tokens / train_time_s")
     tokens_per_s_per_device: float = _doc("tokens_per_s / world_size")
     train_ppl: float = _doc("exp of the mean training loss over the last min(log_every, steps) steps")
@@ -120,10 +121,11 @@ class RunResult:
     backend: str = _doc("gloo or nccl")
     data: dict = _doc("the data source's summary (kind, vocab, floor, files...)")
     ranks: list[RankRecord] = _doc("where each rank ran: rank, host, node, topology_addr")
-    resumed_from_step: int = _doc("the checkpoint step this attempt resumed from (0: from scratch)", default=0)
-    checkpoint_s: float = _doc("time spent saving and loading checkpoints (not in train_time_s)", default=0.0)
-    checkpoints: int = _doc("checkpoints saved by this attempt", default=0)
-    logging_s: float = _doc("time spent flushing metrics (not in train_time_s)", default=0.0)
+    resumed_from_step: int = _doc("the checkpoint step the last attempt resumed from (0: from scratch)", default=0)
+    checkpoint_s: float = _doc("time the last attempt spent saving and loading checkpoints (not in train_time_s)",
+                               default=0.0)
+    checkpoints: int = _doc("checkpoints saved by the last attempt", default=0)
+    logging_s: float = _doc("time the last attempt spent flushing metrics (not in train_time_s)", default=0.0)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

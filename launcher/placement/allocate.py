@@ -51,8 +51,9 @@ def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | No
     k, n_units = units(F, R, S, G)
     usable = topo.usable() if usable is None else usable
     if len(usable) < k * n_units:
+        hint = f"; to size the sweep to them, set cluster.nodes={len(usable)}" if usable else ""
         raise NoPlacement(f"(F,R,S)=({F},{R},{S}) needs {k * n_units} nodes of {G} GPUs but only {len(usable)} "
-                          f"are usable; {_what_fits(F, R, S, G, len(usable))}")
+                          f"are usable; {_what_fits(F, R, S, G, len(usable))}{hint}")
     chosen = _pack(topo, set(usable), k, n_units)
     if chosen is None:
         raise NoPlacement(f"(F,R,S)=({F},{R},{S}) cannot be placed on the usable nodes")

@@ -46,6 +46,14 @@ class Topology:
                 return self.level[chains[0][depth]]
         raise ConfigError(f"nodes {sorted(hosts)[:4]} share no switch")
 
+    def level_names(self) -> list[str]:
+        """What each bandwidth value describes: inside a node, then under one switch of each level (with an
+        example switch), so a user can match cluster.bandwidth_GBps to this tree."""
+        example = {}
+        for switch, level in sorted(self.level.items()):
+            example.setdefault(level, switch)
+        return ["inside a node"] + [f"under one level-{lv} switch (e.g. {example[lv]})" for lv in sorted(example)]
+
     def link(self, level: int) -> float:
         return self.bandwidth[level + 1]
 
@@ -63,7 +71,8 @@ class Topology:
         needed = self.top_level + 2
         if not bandwidth or len(bandwidth) < needed:
             raise ConfigError(f"{key} needs {needed} values (inside a node, then levels 0..{self.top_level}), "
-                              f"got {len(bandwidth or [])}")
+                              f"got {len(bandwidth or [])}: give one GB/s per level, fastest first: "
+                              f"[{', '.join(self.level_names())}]")
         if any(b <= 0 for b in bandwidth) or any(a < b for a, b in zip(bandwidth, bandwidth[1:])):
             raise ConfigError(f"{key} must be positive and not increase with level, got {bandwidth}")
         self.bandwidth = [float(b) for b in bandwidth[:needed]]
