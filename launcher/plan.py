@@ -8,6 +8,7 @@ from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
+from launcher.report.tables import oriented
 from launcher.secrets import redact, redacted
 from launcher.settings import Settings
 from launcher.slurm.submit import attempt_folder, require_netns, resources, sbatch_text
@@ -132,18 +133,19 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     if not echo:
         return planned, entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
-    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  vs FSDP  checkpoint")
+    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  "
+          f"{'less comm than FSDP':>19}  checkpoint")
     for e in entries:
         bw = "/".join(_gbps(e.bandwidth[k]) for k in ("B_S", "B_R", "B_F"))
-        ratio = f"{e.predicted_ratio_to_fsdp:.3f}" if e.predicted_ratio_to_fsdp is not None else "-"
+        ratio = oriented(1 / e.predicted_ratio_to_fsdp, "more") if e.predicted_ratio_to_fsdp else "-"
         print(f"  {e.run_id:<28} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
-              f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>8.3g}s  {ratio:>7}  "
+              f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>8.3g}s  {ratio:>19}  "
               f"{e.checkpoint_bytes / GB:>7.3g} GB"
               + (f"  {e.note}" if e.note else ""))
     print(f"cheapest layouts on {widest.nodes} nodes (predicted communication per step):")
     for row in ranking[:5]:
         A = f" A={row['A']}" if row["A"] else ""
         print(f"  {row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}: "
-              f"{row['predicted_comm_s']:.3g} s, {row['ratio_to_fsdp']:.3f} x FSDP")
+              f"{row['predicted_comm_s']:.3g} s, {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} comm than FSDP")
     print(f"plan written to {path}")
     return planned, entries

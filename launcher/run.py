@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 
+from launcher import progress
 from launcher.lock import SweepLock
 from launcher.plan import plan
 from launcher.report import wandb_log
-from launcher.report.write import write_report
+from launcher.report.write import notes_for, outputs, write_report
 from launcher.settings import Settings
 from launcher.slurm import scontrol
 from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
@@ -18,7 +18,6 @@ from train import submitit_compat
 from train.errors import AlignmentError, DataError, SpecError
 from train.result import RunResult
 
-PROGRESS_EVERY_S = 30.0
 # Failures that fail the same way on a second try: the job's spec, data or layout is wrong. Anything else
 # (a node failure, pre-emption, a timeout, a rendezvous that did not come up, a killed task) is retried.
 DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentError))
@@ -27,15 +26,6 @@ DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentEr
 def retryable(reason: str) -> bool:
     """Whether a failed run may pass on another attempt, from the error line its tasks left."""
     return not any(f"{name}:" in reason for name in DETERMINISTIC)
-
-
-def _progress(run: Run) -> str:
-    try:
-        with open(Path(run.spec.out_dir) / "metrics.jsonl") as fh:
-            steps = sum(1 for _ in fh)
-    except OSError:
-        steps = 0
-    return f"step {steps}/{run.spec.train.steps}" if steps else "starting"
 
 
 def _failure_reason(job, tasks: int) -> str:
@@ -60,6 +50,10 @@ class Sweeper:
         self.failed: dict[str, str] = {}
         self.settled = 0  # runs that reached a final state in this invocation
         self.accounting = self.cluster.executor != "slurm" or scontrol.accounting_enabled()
+        self.started = time.monotonic()
+        self.total = 0          # runs of the sweep, for the progress line
+        self.queued: list[Run] = []  # runs waiting for their turn (sequential execution)
+        self.live: dict[str, wandb_log.LiveRun] = {}  # W&B runs fed while their jobs train
 
     def launch(self, planned: PlannedRun) -> None:
         run = planned.run
@@ -71,7 +65,7 @@ class Sweeper:
                      self.settings.sweep_dir / "topology.json")
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
                           cluster=self.cluster.name)
-        self.running[run.run_id] = (run, job)
+        self._watch(run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
 
     def reattach(self, runs: list[Run]) -> None:
@@ -82,9 +76,31 @@ class Sweeper:
             if entry.get("state") in FINAL or not entry.get("job_id"):
                 continue
             folder = attempt_folder(self.settings.sweep_dir / run.run_id, entry["attempts"])
-            self.running[run.run_id] = (run, reattach(self.cluster, run, folder, entry["job_id"]))
+            self._watch(run, reattach(self.cluster, run, folder, entry["job_id"]))
             print(f"reattached {run.run_id} to job {entry['job_id']} (attempt {entry['attempts']}), "
                   f"submitted by an earlier launcher", flush=True)
+
+    def _watch(self, run: Run, job) -> None:
+        self.running[run.run_id] = (run, job)
+        if run in self.queued:
+            self.queued.remove(run)
+        live = wandb_log.open_run(self.settings.wandb, self.settings.sweep.name,
+                                  self.settings.sweep_dir / run.run_id, run.spec)
+        if live is not None:
+            self.live[run.run_id] = live
+
+    def _progress(self) -> str:
+        running = [progress.Running(run_id, *progress.last_step(self.settings.sweep_dir / run_id),
+                                    run.spec.train.steps) for run_id, (run, _) in self.running.items()]
+        done = sum(self.store.state(r) in FINAL for r in self.store.entries)
+        sequential = self.cluster.executor == "local" or self.cluster.sequential
+        return progress.line(time.monotonic() - self.started, done, self.total, running,
+                             [r.spec.train.steps for r in self.queued], sequential)
+
+    def _settle_live(self, run_id: str, result: RunResult | None) -> None:
+        live = self.live.pop(run_id, None)
+        if live is not None:
+            live.finish(result)
 
     def wait(self, total: int) -> None:
         last = time.monotonic()
@@ -99,22 +115,24 @@ class Sweeper:
                         self.store.record(run_id, state=state)
                     continue
                 del self.running[run_id]
-                if (self.settings.sweep_dir / run_id / "result.json").exists():
+                result_path = self.settings.sweep_dir / run_id / "result.json"
+                if result_path.exists():
                     self.store.record(run_id, state="COMPLETED")
                     self.failed.pop(run_id, None)
-                    wandb_log.log_run(self.settings.wandb, self.settings.sweep.name,
-                                      self.settings.sweep_dir / run_id)
+                    self._settle_live(run_id, RunResult.load(result_path))
                 else:
                     reason = _failure_reason(job, run.spec.world_size)
                     self.store.record(run_id, state="FAILED", reason=reason, scheduler_state=state)
                     self.failed[run_id] = reason
+                    self._settle_live(run_id, None)
                 self.settled += 1
                 print(f"[{self.settled}/{total}] {run_id}: {self.store.state(run_id)}"
                       + (f" ({self.failed[run_id]})" if run_id in self.failed else ""), flush=True)
-            if self.running and time.monotonic() - last > PROGRESS_EVERY_S:
+            for live in self.live.values():
+                live.feed()
+            if self.running and time.monotonic() - last > self.settings.progress_s:
                 last = time.monotonic()
-                print("  running: " + ", ".join(f"{rid} {_progress(run)}" for rid, (run, _) in
-                                                self.running.items()), flush=True)
+                print(self._progress(), flush=True)
             if self.running:
                 time.sleep(self.settings.poll_s)
 
@@ -122,10 +140,12 @@ class Sweeper:
         for run_id, (_, job) in self.running.items():
             job.cancel(check=False)
             self.store.record(run_id, state="CANCELLED")
+            self._settle_live(run_id, None)
         self.running.clear()
 
     def run(self, planned: list[PlannedRun]) -> None:
         """Local (or `sequential`) runs go one at a time, as they share hardware; others are submitted together."""
+        self.total = len(planned)
         todo = [p for p in planned if not self.store.finished(p.run.run_id)]
         for p in planned:
             if p not in todo:
@@ -147,6 +167,7 @@ class Sweeper:
                 print(f"retrying {len(todo)} failed run(s)", flush=True)
             self.settled = 0
             if self.cluster.executor == "local" or self.cluster.sequential:
+                self.queued = [p.run for p in todo]
                 for p in todo:
                     self.launch(p)
                     self.wait(len(todo))
@@ -175,7 +196,12 @@ def run_sweep(settings: Settings) -> int:
         results = [RunResult.load(settings.sweep_dir / r.run_id / "result.json")
                    for r in runs if sweeper.store.finished(r.run_id)]
         if results:
-            print(write_report(settings.sweep_dir, results))
+            markdown, written = write_report(settings.sweep_dir, results, notes_for(settings.cluster))
+            print(markdown)
+            print(outputs(settings.sweep_dir, written))
+        hint = wandb_log.sync_hint(settings.wandb, settings.sweep_dir)
+        if hint:
+            print(hint)
     if sweeper.failed:
         print(f"fedshard: {len(sweeper.failed)} of {len(runs)} run(s) failed: "
               + "; ".join(f"{k}: {v}" for k, v in sweeper.failed.items()))

@@ -103,6 +103,7 @@ class Settings:
     results_dir: Path
     retries: int
     poll_s: float
+    progress_s: float
     cluster: Cluster
     sweep: Sweep
     model: dict
@@ -199,8 +200,9 @@ def compose(overrides: list[str]) -> Settings:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")
     if not _is(raw["retries"], int) or raw["retries"] < 0:
         raise ConfigError(f"retries must be an integer >= 0, got {raw['retries']!r}")
-    if not _is(raw["poll_s"], float) or not raw["poll_s"] > 0:
-        raise ConfigError(f"poll_s must be a number > 0, got {raw['poll_s']!r}")
+    for key in ("poll_s", "progress_s"):
+        if not _is(raw[key], float) or not raw[key] > 0:
+            raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
     for key in ("model", "train", "data", "wandb"):
         if not isinstance(raw[key], dict):
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
@@ -214,6 +216,7 @@ def compose(overrides: list[str]) -> Settings:
         raise ConfigError(f"sweep.train must be a mapping, got {sweep.train!r}")
     return Settings(
         action=raw["action"], results_dir=results_dir, retries=raw["retries"], poll_s=float(raw["poll_s"]),
+        progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
         data=raw["data"], wandb=raw["wandb"])
 

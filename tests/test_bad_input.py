@@ -229,7 +229,8 @@ CASES = [
     ("bad-nodes-per-level", launcher("cluster.nodes_per_level=[2,4]", "action=plan"),
      "cluster.nodes_per_level must start at 1", None),
     # ---- SLURM cluster values and the sbatch script
-    ("partition-missing", launcher("cluster=slurm", "action=plan"), "Missing mandatory value: partition", None),
+    ("partition-missing", launcher("cluster=slurm", "action=plan"),
+     "cluster.partition must be set (it is ??? in conf/)", None),
     ("partition-null", launcher("cluster=leonardo", "cluster.partition=null", "action=plan"),
      "cluster 'leonardo' has no partition", None),
     ("line-break-in-value", launcher("cluster=leonardo", "cluster.partition='gpu\nrm -rf ~'", "action=plan"),

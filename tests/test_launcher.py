@@ -1,6 +1,7 @@
 """The launcher: layouts as in the paper, plan.json and sbatch text, a local sweep (bad input: test_bad_input.py)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -90,7 +91,8 @@ SMOKE = ["sweep=smoke", "model=tiny"]
 
 
 def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
-    proc = _launcher(*SMOKE, f"results_dir={tmp_path}", "wandb.enabled=true", env=_env(WANDB_API_KEY=""))
+    proc = _launcher(*SMOKE, f"results_dir={tmp_path}", "wandb.enabled=true", "progress_s=0.5",
+                     env=_env(WANDB_API_KEY=""))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweep_dir = tmp_path / "local" / "smoke"
     manifest = [json.loads(line) for line in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
@@ -102,9 +104,13 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     table3 = (sweep_dir / "table3.md").read_text()
     assert "| FSDP | (1,1,4) |" in table3 and "| FL+FSDP | (2,1,2) | 2 |" in table3
     assert "Table 3" in proc.stdout and "Table 4" in proc.stdout
+    assert "cluster=local: every rank ran on this one machine" in table3  # ratios here do not test the claim
+    assert f"outputs in {sweep_dir}/: table3.md, table3.csv, table3.tex, table4.md" in proc.stdout
     result = RunResult.load(sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json")
     assert result.aggregations == 3 and result.world_size == 4
     assert len(list((sweep_dir / "wandb").glob("offline-run-*"))) == 2  # offline: nothing left the machine
+    assert f"upload them with: wandb sync {sweep_dir / 'wandb'}/offline-run-*" in proc.stdout
+    assert re.search(r"\[\dm\d\ds\] [01]/2 done, running: \S+ (step \d/6|starting), queued: [01]; ", proc.stdout)
     assert not (sweep_dir / ".lock").exists()  # removed when the launcher ended
 
     again = _launcher(*SMOKE, f"results_dir={tmp_path}")

@@ -98,12 +98,12 @@ def test_table3_order_ratios_and_none(tmp_path):
     assert column(t, "A") == [None, None, 4, 16, 8]
     assert "PPL floor" in t.columns and "Runs" in t.columns and "Paper time (s)" not in t.columns
     md = t.to_markdown()
-    lines = {line.split(" | ")[1] + line.split(" | ")[2]: line for line in md.splitlines()[4:]}
+    lines = {line.split(" | ")[1] + line.split(" | ")[2]: line for line in md.splitlines()[4:] if line.startswith("|")}
     assert "| 8.00× | 2.00× |" in lines["(2,1,2)4"]  # 100 s / 12.5 s, 50 / 25 PPL (means of the repeats)
     assert "| 2 | 12.50 ± 0.71 |" in lines["(2,1,2)4"]
     assert "| 1 | 100.00 | 12,346 |" in lines["(1,1,4)–"] and "| 1.00× | 1.00× |" in lines["(1,1,4)–"]
-    assert "| 2.50× | 0.833× |" in lines["(1,2,2)–"]  # 100/40, 50/60
-    assert "| 4.00× | 0.625× |" in lines["(2,1,2)16"]  # 100/25, 50/80
+    assert "| 2.50× | 1.20× higher |" in lines["(1,2,2)–"]  # 100/40, 50/60: never "0.833× lower"
+    assert "| 4.00× | 1.60× higher |" in lines["(2,1,2)16"]  # 100/25, 50/80
     assert "| – | – |" in lines["(2,2,2)8"]  # 8 ranks: no FSDP run of that size to compare with
 
 
@@ -160,8 +160,10 @@ def test_paper_columns_only_for_paper_layouts(tmp_path):
 
 def test_write_report_files_and_plots(tmp_path):
     results = load_results(write_sweep(tmp_path, SWEEP))
-    md = write_report(tmp_path, results)
-    assert "Table 3" in md and "Table 4" in md
+    md, written = write_report(tmp_path, results, ["a note for this cluster"])
+    assert "Table 3" in md and "Table 4" in md and "- a note for this cluster" in md
+    assert sorted(p.name for p in written) == ["phases.png", "ppl_vs_time.png", "table3.csv", "table3.md",
+                                               "table3.tex", "table4.csv", "table4.md", "table4.tex"]
     for name in ("table3", "table4"):
         for ext in ("md", "csv", "tex"):
             assert (tmp_path / f"{name}.{ext}").read_text()
@@ -205,3 +207,36 @@ def test_predicted_column_from_the_plan_beside_grouped_repeats(tmp_path):
     rows = csv_rows(table3(results, {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in plan["runs"]}))
     assert [r["× less comm than FSDP (predicted)"] for r in rows] == ["", "", "4.0", "4.0", ""]
     assert "× less comm than FSDP (predicted)" in (tmp_path / "table3.md").read_text()
+
+
+def test_every_ratio_reads_one_way():
+    from launcher.report.tables import oriented
+
+    assert oriented(8.0, "slower") == "8.00×" and oriented(1 / 0.708, "slower") == "1.41×"
+    assert oriented(0.708, "slower") == "1.41× slower" and oriented(0.5, "more", "less") == "2.00× more"
+    assert oriented(4.0, "more", "less") == "4.00× less"
+    t = table3([result("fsdp-F1-R1-S4", "fsdp", 1, 1, 4, None, 100.0, 50.0),
+                result("fl_fsdp-F2-R1-S2-A4", "fl_fsdp", 2, 1, 2, 4, 141.0, 40.0, agg=0.2)])
+    assert "| 1.41× slower | 1.25× |" in t.to_markdown()
+    assert float(csv_rows(t)[1]["× faster than FSDP"]) == pytest.approx(100 / 141)  # CSV: the raw ratio
+
+
+def test_differences_within_the_spread_of_repeats_are_marked_as_noise():
+    runs = [result(f"fsdp-F1-R1-S4-rep{i}", "fsdp", 1, 1, 4, None, t, p) for i, (t, p) in
+            enumerate([(100.0, 50.0), (104.0, 52.0)], 1)]
+    runs += [result(f"fl_fsdp-F2-R1-S2-A4-rep{i}", "fl_fsdp", 2, 1, 2, 4, t, p, agg=0.2) for i, (t, p) in
+             enumerate([(101.0, 30.0), (103.0, 31.0)], 1)]
+    t = table3(runs)
+    assert column(t, "Within noise of FSDP") == ["", "time"]  # 102 vs 102 s: noise; 30.5 vs 51 PPL: not
+    assert "standard deviation over a configuration's repeats" in t.notes[0]
+    single = table3(SWEEP[-2:])
+    assert "Within noise of FSDP" not in single.columns
+    assert single.notes[0].startswith("One run per configuration: every number is a single sample")
+    assert single.to_markdown().rstrip().endswith(single.notes[0]) and f"% {single.notes[0]}" in single.to_latex()
+
+
+def test_runs_drawn_on_top_of_each_other_stay_distinguishable():
+    from launcher.report.plots import line_style
+
+    styles = [(s["linestyle"], s["marker"]) for s in map(line_style, range(12))]
+    assert len(set(styles)) == 12

@@ -24,6 +24,17 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+LINESTYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "x")
+
+
+def line_style(i: int) -> dict:
+    """The i-th run's line: its own dash pattern and marker (and, from matplotlib, its colour), so runs that
+    measured the same perplexities stay visible on top of each other (FSDP under HSDP, say)."""
+    return {"linestyle": LINESTYLES[i % len(LINESTYLES)], "marker": MARKERS[i % len(MARKERS)],
+            "markevery": 0.1, "markersize": 4, "alpha": 0.85, "linewidth": 1.2 + 1.2 * (i == 0)}
+
+
 def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
     """ppl_vs_time.png (train perplexity per step vs wall time, floor dashed) and phases.png (mean step, stacked)."""
     sweep_dir, results = Path(sweep_dir), sorted(results, key=lambda r: paper_order(vars(r)))
@@ -32,7 +43,8 @@ def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
         path = sweep_dir / r.run_id / "metrics.jsonl"
         steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         if steps:
-            ax.plot([s["elapsed_s"] for s in steps], [s["ppl"] for s in steps], label=r.run_id)
+            style = line_style(len(ax.lines))
+            ax.plot([s["elapsed_s"] for s in steps], [s["ppl"] for s in steps], label=r.run_id, **style)
     for floor in sorted({r.floor_ppl for r in results if r.floor_ppl is not None}):
         ax.axhline(floor, linestyle="--", color="grey", label=f"floor {floor:.2f}")
     ax.set(yscale="log", xlabel="elapsed (s)", ylabel="train perplexity", title="Train perplexity vs wall time")

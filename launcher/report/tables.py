@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.report.paper import NAMES, TABLES, reproduces_paper
 from launcher.report.results import group_repeats
@@ -18,11 +18,22 @@ def _sig3(x: float) -> str:
     return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
 
 
+def oriented(ratio: float, below: str, above: str = "") -> str:
+    """A ratio read one way: `ratio`× when it is >= 1, else its inverse with the word for the other
+    direction — "1.41× slower", never "0.708× faster"."""
+    if ratio >= 1:
+        return f"{_sig3(ratio)}×" + (f" {above}" if above else "")
+    return f"{_sig3(1 / ratio)}× {below}"
+
+
 FORMATS = {  # display formats by column kind; CSV always holds the raw value
     "auto": lambda v: f"{v:.4g}" if isinstance(v, float) else str(v),
     "text": str,
     "fixed": "{:.2f}".format,  # seconds, perplexities
-    "ratio": lambda v: _sig3(v) + "×",
+    # "× faster / lower / less ... than FSDP" columns: below 1 the cell says the other direction in words
+    "faster": lambda v: oriented(v, "slower"),
+    "lower": lambda v: oriented(v, "higher"),
+    "less": lambda v: oriented(v, "more"),
     "count": "{:,.0f}".format,  # tokens/s
 }
 _LATEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
@@ -54,6 +65,7 @@ class Table:
     columns: list[str]
     rows: list[list]
     kinds: list[str] | None = None
+    notes: list[str] = field(default_factory=list)  # printed under the table (Markdown) or above it (LaTeX)
 
     def _kinds(self) -> list[str]:
         return self.kinds or ["auto"] * len(self.columns)
@@ -63,6 +75,7 @@ class Table:
         lines = [f"**{self.title}**", "", "| " + " | ".join(self.columns) + " |",
                  "|" + "|".join(":---" if k == "text" else "---:" for k in kinds) + "|"]
         lines += ["| " + " | ".join(_fmt(v, k) for v, k in zip(row, kinds)) + " |" for row in self.rows]
+        lines += [""] + [f"- {note}" for note in self.notes] if self.notes else []
         return "\n".join(lines) + "\n"
 
     def to_csv(self) -> str:
@@ -85,7 +98,8 @@ class Table:
 
         align = "".join("l" if k == "text" else "r" for k in kinds)
         body = [line(_fmt(v, k, separators=False) for v, k in zip(row, kinds)) for row in self.rows]
-        return "\n".join([f"% {self.title}", rf"\begin{{tabular}}{{{align}}}", r"\toprule", line(self.columns),
+        head = [f"% {self.title}", *[f"% {note}" for note in self.notes]]
+        return "\n".join([*head, rf"\begin{{tabular}}{{{align}}}", r"\toprule", line(self.columns),
                           r"\midrule", *body, r"\bottomrule", r"\end{tabular}", ""])
 
 
@@ -145,21 +159,41 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         ("Train PPL", "fixed", lambda r: r["train_ppl"]),
         ("Eval PPL", "fixed", value("eval_ppl")),
         ("Eval time (s)", "fixed", lambda r: r["eval_time_s"]),
-        ("× faster than FSDP", "ratio", ratio("train_time_s")),
-        ("× lower eval PPL than FSDP", "ratio", ratio("eval_ppl")),
+        ("× faster than FSDP", "faster", ratio("train_time_s")),
+        ("× lower eval PPL than FSDP", "lower", ratio("eval_ppl")),
     ]
+
+    def within_noise(r) -> str:
+        """The measures whose difference from FSDP's is smaller than the two runs' spreads added."""
+        base = fsdp.get(r["world_size"])
+        if base is None or base is r or r["repeats"] < 2 or base["repeats"] < 2:
+            return ""
+        same = [name for key, name in (("train_time_s", "time"), ("eval_ppl", "eval PPL"))
+                if abs(r[key] - base[key]) <= r[f"{key}_std"] + base[f"{key}_std"]]
+        return ", ".join(same)
+
+    if spread:
+        columns.append(("Within noise of FSDP", "text", within_noise))
+
     def less_comm(r):
         ratio = predicted.get(r["runs"][0])  # repeats share a layout, so a prediction
         return 1 / ratio if ratio else None
 
     if any(map(less_comm, rows)):
-        columns.append(("× less comm than FSDP (predicted)", "ratio", less_comm))
+        columns.append(("× less comm than FSDP (predicted)", "less", less_comm))
     if any(r["floor_ppl"] is not None for r in rows):
         columns.append(("PPL floor", "fixed", lambda r: r["floor_ppl"]))
     if any(map(reproduces_paper, rows)):
         columns += [("Paper time (s)", "fixed", _paper("train_time_s")),
                     ("Paper eval PPL", "fixed", _paper("eval_ppl"))]
-    return _build("Table 3: training time, throughput and perplexity", columns, rows)
+    table = _build("Table 3: training time, throughput and perplexity", columns, rows)
+    table.notes.append(
+        "± is the sample standard deviation over a configuration's repeats (Runs); \"Within noise of FSDP\" names "
+        "the measures whose difference from FSDP's is smaller than the two spreads added: those ratios show no "
+        "difference." if spread else
+        "One run per configuration: every number is a single sample, so differences of a few percent may be "
+        "run-to-run noise (sweep.repeats=3 measures the spread).")
+    return table
 
 
 def _mean_std(stats: Stats):

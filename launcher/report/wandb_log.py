@@ -23,19 +23,58 @@ def check(wandb_cfg: dict) -> None:
         raise ConfigError("wandb.enabled=true but the wandb package is not installed (pip install wandb)") from None
 
 
-def log_run(wandb_cfg: dict, sweep: str, run_dir: Path) -> None:
-    """Replay a finished run's metrics.jsonl and result.json into one W&B run named after the run id."""
-    if not wandb_cfg.get("enabled"):
-        return
-    import wandb
+class LiveRun:
+    """One W&B run fed while its job trains: every poll logs the metrics.jsonl rows written since the last
+    (complete lines only; steps already logged are skipped, as after a resume that trimmed the file)."""
 
-    result = RunResult.load(run_dir / "result.json")
-    os.environ.setdefault("WANDB_SILENT", "true")
-    run = wandb.init(project=wandb_cfg.get("project", "fedshard"), group=sweep, name=result.run_id,
-                     mode=wandb_cfg["mode"], dir=str(run_dir.parent),
-                     config={k: getattr(result, k) for k in ("strategy", "F", "R", "S", "A", "world_size", "steps")})
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
-    run.summary.update({k: v for k, v in result.to_dict().items() if isinstance(v, (int, float)) and v is not None})
-    run.finish()
+    def __init__(self, wandb_cfg: dict, sweep: str, run_dir: Path, config: dict):
+        import wandb
+
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.path, self.offset, self.last_step = run_dir / "metrics.jsonl", 0, 0
+        self.run = wandb.init(project=wandb_cfg.get("project", "fedshard"), group=sweep, name=run_dir.name,
+                              mode=wandb_cfg["mode"], dir=str(run_dir.parent), config=config, reinit="create_new")
+
+    def feed(self) -> int:
+        """Log the new rows; returns how many."""
+        try:
+            with open(self.path, "rb") as fh:
+                if fh.seek(0, os.SEEK_END) < self.offset:
+                    self.offset = 0  # rewritten (a resume keeps the rows its checkpoint covers)
+                fh.seek(self.offset)
+                data = fh.read()
+        except OSError:
+            return 0
+        complete = data[:data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        logged = 0
+        for line in complete.splitlines():
+            row = json.loads(line)
+            if row["step"] > self.last_step:
+                self.run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+                self.last_step, logged = row["step"], logged + 1
+        return logged
+
+    def finish(self, result: RunResult | None) -> None:
+        """The last rows, the result's numbers as the summary; a run without a result finishes as failed."""
+        self.feed()
+        if result is not None:
+            self.run.summary.update({k: v for k, v in result.to_dict().items()
+                                     if isinstance(v, (int, float)) and v is not None})
+        self.run.finish(exit_code=0 if result is not None else 1)
+
+
+def open_run(wandb_cfg: dict, sweep: str, run_dir: Path, spec) -> LiveRun | None:
+    """A LiveRun for a submitted run when W&B logging is on."""
+    if not wandb_cfg.get("enabled"):
+        return None
+    return LiveRun(wandb_cfg, sweep, run_dir, {k: getattr(spec, k) for k in ("strategy", "F", "R", "S", "A")}
+                   | {"world_size": spec.world_size, "steps": spec.train.steps})
+
+
+def sync_hint(wandb_cfg: dict, sweep_dir: Path) -> str | None:
+    """Where offline runs are and the command that uploads them."""
+    if not wandb_cfg.get("enabled") or wandb_cfg.get("mode") != "offline":
+        return None
+    return (f"W&B offline runs are in {sweep_dir / 'wandb'}; upload them with: "
+            f"wandb sync {sweep_dir / 'wandb'}/offline-run-*")

@@ -13,9 +13,19 @@ from launcher.report.verify import placement_rows
 from train.result import RunResult
 from train.spec import write_atomic
 
+LOCAL_NOTE = ("cluster=local: every rank ran on this one machine, with no slow link between its virtual nodes, so "
+              "the speed ratios do not test the paper's claim (which is about slow links between nodes); the SLURM "
+              "testbed (cluster=testbed, README) has shaped links and does.")
 
-def write_report(sweep_dir: Path, results: list[RunResult]) -> str:
-    """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown."""
+
+def notes_for(cluster) -> list[str]:
+    """What a reader of this cluster's tables must know to not misread them."""
+    return [LOCAL_NOTE] if cluster.executor == "local" else []
+
+
+def write_report(sweep_dir: Path, results: list[RunResult], notes: list[str] = ()) -> tuple[str, list[Path]]:
+    """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown
+    and every file written. `notes` go under Table 3 (see notes_for)."""
     if not results:
         raise StateError(f"no results under {sweep_dir}")
     sweep_dir = Path(sweep_dir)
@@ -24,13 +34,25 @@ def write_report(sweep_dir: Path, results: list[RunResult]) -> str:
     if plan_path.exists():  # put the cost model's prediction beside each measurement
         predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in json.loads(plan_path.read_text())["runs"]}
     tables = {"table3": table3(results, predicted), "table4": table4(results)}
+    tables["table3"].notes += notes
     topo_path = sweep_dir / "topology.json"
     if topo_path.exists():  # saved at submission: check where the ranks really ran
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
         tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
                                     columns, rows, ["text", "fixed", "fixed", "fixed", "text"])
+    written = []
     for name, table in tables.items():
         for ext, text in (("md", table.to_markdown()), ("csv", table.to_csv()), ("tex", table.to_latex())):
             write_atomic(sweep_dir / f"{name}.{ext}", text)
-    plots(sweep_dir, results)
-    return "\n".join(t.to_markdown() for t in tables.values())
+            written.append(sweep_dir / f"{name}.{ext}")
+    written += plots(sweep_dir, results)
+    return "\n".join(t.to_markdown() for t in tables.values()), written
+
+
+def outputs(sweep_dir: Path, written: list[Path]) -> str:
+    """Where everything is, for the last lines a user reads."""
+    sweep_dir = Path(sweep_dir)
+    beside = [name for name in ("plan.json", "topology.json", "manifest.jsonl") if (sweep_dir / name).exists()]
+    return (f"outputs in {sweep_dir}/: {', '.join(p.name for p in written)}"
+            + (f"; {', '.join(beside)}" if beside else "")
+            + "; per run: <run_id>/result.json, metrics.jsonl, spec.json, submitit/ (job logs)")
