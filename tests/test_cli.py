@@ -1,6 +1,7 @@
 """The command lines themselves: Hydra's flags on the launcher, override precedence, `python -m train --help`."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,9 @@ def test_plans_for_two_clusters_do_not_overwrite_each_other(tmp_path):
                     f"results_dir={tmp_path}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         assert f"plan written to {tmp_path / cluster / 'paper_table3' / 'plan.json'}" in proc.stdout
+        # one direction for every ratio: "less comm than FSDP", never a "vs FSDP" below 1
+        assert "less comm than FSDP" in proc.stdout and " x FSDP" not in proc.stdout
+        assert not re.search(r"\b0\.\d+×", proc.stdout), proc.stdout
     plans = {c: json.loads((tmp_path / c / "paper_table3" / "plan.json").read_text()) for c in ("local", "leonardo")}
     assert {c: p["cluster"] for c, p in plans.items()} == {"local": "local", "leonardo": "leonardo"}
     assert plans["local"]["runs"][0]["world_size"] == 8 and plans["leonardo"]["runs"][0]["world_size"] == 512
