@@ -45,7 +45,7 @@ def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
     params = slurm_parameters(settings.cluster, planned[3])
     # fl_hsdp (2,4,4) on 8 of the 14 usable nodes: one leaf per federation group.
     assert params["nodelist"] == "lrdn[0001-0008]" and params["srun_args"] == ["--distribution=arbitrary"]
-    assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/paper_table3/fl_hsdp-F2-R4-S4-A8/hostfile"
+    assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/leonardo/paper_table3/fl_hsdp-F2-R4-S4-A8/hostfile"
     assert planned[3].placement.hostfile().splitlines()[:5] == ["lrdn0001"] * 4 + ["lrdn0002"]
     assert "switches" not in params.get("additional_parameters", {})  # pinned nodes need no --switches
 

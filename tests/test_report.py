@@ -240,3 +240,12 @@ def test_runs_drawn_on_top_of_each_other_stay_distinguishable():
 
     styles = [(s["linestyle"], s["marker"]) for s in map(line_style, range(12))]
     assert len(set(styles)) == 12
+
+
+def test_an_empty_sweep_points_at_a_sweep_in_the_old_layout(tmp_path):
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "manifest.jsonl").write_text("")
+    sweep_dir = tmp_path / "local" / "smoke"
+    with pytest.raises(StateError, match=f"{tmp_path / 'smoke'} holds a sweep from before directories were keyed "
+                                         f"by cluster: move it to {sweep_dir}"):
+        write_report(sweep_dir, [])

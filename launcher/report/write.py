@@ -26,9 +26,12 @@ def notes_for(cluster) -> list[str]:
 def write_report(sweep_dir: Path, results: list[RunResult], notes: list[str] = ()) -> tuple[str, list[Path]]:
     """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown
     and every file written. `notes` go under Table 3 (see notes_for)."""
-    if not results:
-        raise StateError(f"no results under {sweep_dir}")
     sweep_dir = Path(sweep_dir)
+    if not results:
+        before = sweep_dir.parent.parent / sweep_dir.name  # <results_dir>/<sweep>, the layout before clusters
+        moved = (f"; {before} holds a sweep from before directories were keyed by cluster: move it to {sweep_dir}"
+                 if (before / "manifest.jsonl").exists() else "")
+        raise StateError(f"no results under {sweep_dir}{moved}")
     plan_path = sweep_dir / "plan.json"
     predicted = {}
     if plan_path.exists():  # put the cost model's prediction beside each measurement
