@@ -49,6 +49,11 @@ def main(argv: list[str]) -> int:
 
             plan(settings)
             return 0
+        if settings.action == "probe":
+            from launcher.probe import probe
+
+            probe(settings)
+            return 0
         if settings.action == "report":
             from launcher.report.results import load_results
             from launcher.report.write import notes_for, outputs, write_report

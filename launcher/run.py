@@ -28,7 +28,7 @@ def retryable(reason: str) -> bool:
     return not any(f"{name}:" in reason for name in DETERMINISTIC)
 
 
-def _failure_reason(job, tasks: int) -> str:
+def failure_reason(job, tasks: int) -> str:
     """The last error line the job's tasks wrote (read from their logs: asking submitit would wait on sacct)."""
     for task in range(tasks):
         try:
@@ -121,7 +121,7 @@ class Sweeper:
                     self.failed.pop(run_id, None)
                     self._settle_live(run_id, RunResult.load(result_path))
                 else:
-                    reason = _failure_reason(job, run.spec.world_size)
+                    reason = failure_reason(job, run.spec.world_size)
                     self.store.record(run_id, state="FAILED", reason=reason, scheduler_state=state)
                     self.failed[run_id] = reason
                     self._settle_live(run_id, None)

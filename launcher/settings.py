@@ -17,7 +17,7 @@ from launcher.secrets import redact
 from train.sections import reject_unknown
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-ACTIONS = ("run", "plan", "report")
+ACTIONS = ("run", "plan", "report", "probe")
 
 
 @dataclass
@@ -110,6 +110,7 @@ class Settings:
     train: dict
     data: dict
     wandb: dict
+    probe: dict
 
     @property
     def sweep_dir(self) -> Path:
@@ -203,7 +204,7 @@ def compose(overrides: list[str]) -> Settings:
     for key in ("poll_s", "progress_s"):
         if not _is(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
-    for key in ("model", "train", "data", "wandb"):
+    for key in ("model", "train", "data", "wandb", "probe"):
         if not isinstance(raw[key], dict):
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
@@ -218,7 +219,15 @@ def compose(overrides: list[str]) -> Settings:
         action=raw["action"], results_dir=results_dir, retries=raw["retries"], poll_s=float(raw["poll_s"]),
         progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
-        data=raw["data"], wandb=raw["wandb"])
+        data=raw["data"], wandb=raw["wandb"], probe=_probe_settings(raw["probe"]))
+
+
+def _probe_settings(probe: dict) -> dict:
+    reject_unknown("probe", probe, ("max_bytes", "iters"), ConfigError)
+    for key, low in (("max_bytes", 1024), ("iters", 1)):
+        if not _is(probe.get(key), int) or probe[key] < low:
+            raise ConfigError(f"probe.{key} must be an integer >= {low}, got {probe.get(key)!r}")
+    return probe
 
 
 _TRAIN_OVERRIDE = re.compile(r"^\+{0,2}(sweep\.)?train\.(\w+)=")

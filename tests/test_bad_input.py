@@ -206,6 +206,9 @@ CASES = [
     ("bad-train-value", launcher("train.lr=-1"), "train.lr must be > 0", None),
     ("bad-executor", launcher("cluster.executor=pbs"), "cluster.executor must be local or slurm, got 'pbs'", None),
     ("bad-placement-mode", launcher("cluster.placement=random"), "cluster.placement must be in_job or pinned", None),
+    ("probe-iters-zero", launcher("action=probe", "probe.iters=0"), "probe.iters must be an integer >= 1, got 0",
+     None),
+    ("probe-unknown-key", launcher("action=probe", "+probe.sizes=4"), "unknown probe key(s): sizes", None),
     ("wandb-mode", launcher("wandb.enabled=true", "wandb.mode=cloud"),
      "wandb.mode must be one of offline, online, disabled", None),
     # ---- layouts, A, F, sizes

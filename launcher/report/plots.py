@@ -14,7 +14,7 @@ from launcher.report.tables import paper_order  # noqa: E402
 from train.result import PHASES, RunResult  # noqa: E402
 
 
-def _save(fig, path: Path) -> Path:
+def save_png(fig, path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
@@ -50,7 +50,7 @@ def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
     ax.set(yscale="log", xlabel="elapsed (s)", ylabel="train perplexity", title="Train perplexity vs wall time")
     if ax.lines:
         ax.legend(fontsize=7)
-    written = [_save(fig, sweep_dir / "ppl_vs_time.png")]
+    written = [save_png(fig, sweep_dir / "ppl_vs_time.png")]
 
     fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(results)), 4.5))
     x = list(range(len(results)))
@@ -62,5 +62,5 @@ def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
     ax.set_xticks(x, [r.run_id for r in results], rotation=30, ha="right", fontsize=7)
     ax.set(ylabel="seconds per step", title="Mean step by phase (as Table 4: aggregation per step)")
     ax.legend(fontsize=7)
-    written.append(_save(fig, sweep_dir / "phases.png"))
+    written.append(save_png(fig, sweep_dir / "phases.png"))
     return written

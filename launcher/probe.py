@@ -1,0 +1,125 @@
+"""action=probe: time all_gather, reduce_scatter, all_reduce and broadcast across every topology level, on the
+nodes and in the rank layout of the sweep's widest run, with the backend training uses, and fit latency and
+bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table.
+
+The job is submitted like a run (submitit, local or SLURM); its task 0 prints a line per (level, collective)
+done, which the launcher echoes while it waits.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from launcher.errors import ConfigError, SubmitError
+from launcher.placement import topology
+from launcher.placement.alphabeta import bus_factor, fit
+from launcher.plan import place_runs
+from launcher.run import failure_reason
+from launcher.settings import Settings
+from launcher.slurm import scontrol
+from launcher.slurm.submit import check_environment, job_done, make_executor
+from launcher.sweep import expand
+from train import submitit_compat
+from train.probe import ProbeJob
+from train.spec import write_atomic
+
+GB = 1e9
+
+
+def sizes(max_bytes: int) -> list[int]:
+    """1 KiB, 4 KiB, ... up to max_bytes: a factor 4 apart, as nccl-tests' -f 4."""
+    out, size = [], 1 << 10
+    while size <= max_bytes:
+        out.append(size)
+        size *= 4
+    return out
+
+
+def summarise(raw: dict) -> dict:
+    """probe.json: each (level, collective) with its alpha-beta fit and bus bandwidth beside the points."""
+    levels = []
+    for row in raw["levels"]:
+        try:
+            f = fit([tuple(p) for p in row["points"]])
+        except ValueError as exc:  # every size latency-bound (or noise larger than the transfer)
+            raise ConfigError(f"probe: {row['level']} {row['collective']}: {exc}; raise probe.max_bytes (now up "
+                              f"to {row['points'][-1][0]} bytes) so transfers outlast the latency") from None
+        levels.append({**row, "alpha_s": f.alpha_s, "bytes_per_s": f.bytes_per_s,
+                       "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"])})
+    return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels}
+
+
+def table(probe: dict) -> str:
+    lines = [f"{'level':<8} {'collective':<15} {'ranks':>5} {'alpha (us)':>11} {'algbw (GB/s)':>13} "
+             f"{'busbw (GB/s)':>13}"]
+    for e in probe["levels"]:
+        lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
+                     f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g}")
+    return "\n".join(lines)
+
+
+def plot(probe: dict, path: Path) -> Path:
+    """Bus bandwidth against message size, one line per (level, collective)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from launcher.report.plots import line_style, save_png
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, e in enumerate(probe["levels"]):
+        factor = bus_factor(e["collective"], e["ranks"])
+        ax.plot([b for b, _ in e["points"]], [b / t * factor / GB for b, t in e["points"]],
+                label=f"{e['level']} {e['collective']} ({e['ranks']} ranks)", **line_style(i))
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
+           title=f"Probe ({probe['backend']}): bus bandwidth per level")
+    ax.legend(fontsize=6)
+    return save_png(fig, path)
+
+
+def probe(settings: Settings) -> Path:
+    """Run the probe job, echo its progress, fit, write probe.json and probe.png, print the table."""
+    cluster = settings.cluster
+    check_environment(cluster)
+    topo, _, _, planned = place_runs(settings, expand(settings))
+    widest = max(planned, key=lambda p: p.run.spec.world_size)
+    folder = settings.sweep_dir / "probe"
+    raw_path = folder / "raw.json"
+    raw_path.unlink(missing_ok=True)
+    job = ProbeJob(widest.placement.hosts, topology.to_json(topo), sizes(settings.probe["max_bytes"]),
+                   str(raw_path), cluster.device, cluster.backend, widest.run.spec.train.timeout_s,
+                   settings.probe["iters"])
+    submitted = make_executor(cluster, widest, folder / "submitit").submit(job)
+    world = widest.run.spec.world_size
+    print(f"probe: job {submitted.job_id} on {world} ranks ({len(widest.placement.nodes)} nodes, placed like "
+          f"{widest.run.run_id})", flush=True)
+    accounting = cluster.executor != "slurm" or scontrol.accounting_enabled()
+    echoed = 0
+    while True:
+        done = job_done(submitted, cluster.executor, world, accounting)[0]
+        echoed = _echo(submitted, echoed)
+        if done:
+            break
+        time.sleep(settings.poll_s)
+    if not raw_path.exists():
+        raise SubmitError(f"the probe job failed: {failure_reason(submitted, world)}")
+    result = summarise(json.loads(raw_path.read_text()))
+    path = settings.sweep_dir / "probe.json"
+    write_atomic(path, json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"probe written to {path} and {plot(result, settings.sweep_dir / 'probe.png')}")
+    return path
+
+
+def _echo(job, already: int) -> int:
+    """Print the probe's progress lines task 0 wrote since the last call; returns how many there are."""
+    try:
+        text = submitit_compat.task_paths(job.paths.folder, job.job_id, 0).stdout.read_text(errors="replace")
+    except OSError:
+        return already
+    lines = [line for line in text.splitlines() if line.startswith("probe: ")]
+    for line in lines[already:]:
+        print(f"  {line}", flush=True)
+    return len(lines)

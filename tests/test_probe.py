@@ -1,0 +1,52 @@
+"""The probe on gloo ranks: every level and collective timed, points that an alpha-beta fit accepts."""
+from launcher.placement.alphabeta import COLLECTIVES, fit
+from train.local_ranks import run_ranks
+
+SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24]  # 16 MiB: far above the jitter of 4 ranks on 2 cores
+LEVELS = {"node": [[0, 1], [2, 3]], "leaf": [[0, 2], [1, 3]], "all": [[0, 1, 2, 3]]}
+
+
+def _probe(rank, world):
+    from train.probe import measure
+
+    return measure(rank, LEVELS, SIZES, iters=5)
+
+
+def test_probe_times_every_level_and_collective_on_gloo_ranks():
+    results = run_ranks(_probe, 4)
+    assert all(r == results[0] for r in results)  # every rank returns the slowest rank's numbers
+    rows = results[0]
+    assert [(r["level"], r["collective"]) for r in rows] == [(lv, c) for lv in LEVELS for c in COLLECTIVES]
+    for row in rows:
+        assert row["ranks"] == len(LEVELS[row["level"]][0])
+        sizes = [b for b, _ in row["points"]]
+        assert sizes == sorted(sizes) and all(b % (4 * row["ranks"]) == 0 for b in sizes)
+        assert all(t > 0 for _, t in row["points"])
+        # a 16 MiB buffer takes longer than a 1 KiB one on any link, whatever the noise
+        assert row["points"][-1][1] > row["points"][0][1], row
+    assert fit([tuple(p) for p in rows[2]["points"]]).bytes_per_s > 0  # node all_reduce
+
+
+def test_action_probe_end_to_end_on_local_ranks(tmp_path):
+    """`python -m launcher action=probe` on cluster=local: a job on the widest run's ranks, progress echoed,
+    probe.json with a fit per (level, collective), probe.png."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.support import clean_env
+
+    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "action=probe", "probe.max_bytes=16777216",
+                           "probe.iters=3", f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=600,
+                          env=clean_env(slurm_client=False))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    probe = json.loads((tmp_path / "local" / "smoke" / "probe.json").read_text())
+    assert probe["backend"] == "gloo" and probe["hosts"] == ["node1", "node1", "node2", "node2"]
+    assert [(e["level"], e["collective"]) for e in probe["levels"]] == \
+        [(lv, c) for lv in ("node", "leaf") for c in COLLECTIVES]
+    for e in probe["levels"]:
+        assert e["ranks"] == 2 and len(e["points"]) == 8  # 1 KiB .. 16 MiB
+        assert e["alpha_s"] >= 0 and e["bytes_per_s"] > 0 and e["bus_bytes_per_s"] > 0
+    assert "probe: leaf broadcast on 2 ranks, 8 sizes done" in proc.stdout  # progress, echoed while it ran
+    assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
+    assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
