@@ -8,12 +8,14 @@ done, which the launcher echoes while it waits.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 from launcher.errors import ConfigError, SubmitError
 from launcher.placement import topology
-from launcher.placement.alphabeta import bus_factor, fit
+from launcher.placement.alphabeta import COLLECTIVES, bus_factor, fit
+from launcher.placement.levels import level_groups
 from launcher.plan import place_runs
 from launcher.run import failure_reason
 from launcher.settings import Settings
@@ -21,7 +23,6 @@ from launcher.slurm import scontrol
 from launcher.slurm.submit import check_environment, job_done, make_executor
 from launcher.sweep import expand
 from train import submitit_compat
-from train.probe import ProbeJob
 from train.spec import write_atomic
 
 GB = 1e9
@@ -77,6 +78,38 @@ def plot(probe: dict, path: Path) -> Path:
            title=f"Probe ({probe['backend']}): bus bandwidth per level")
     ax.legend(fontsize=6)
     return save_png(fig, path)
+
+
+class ProbeJob:
+    """The probe as a picklable job (submitit runs one task per rank, like a training run). The levels are
+    computed where the ranks really are: under SLURM from every rank's SLURMD_NODENAME, else from the
+    planned hosts (cluster=local's virtual nodes)."""
+
+    def __init__(self, hosts: list[str], topology: dict, sizes: list[int], out_path: str, device: str,
+                 backend: str, timeout_s: float, iters: int):
+        self.hosts, self.topology, self.sizes, self.out_path = hosts, topology, sizes, out_path
+        self.device, self.backend, self.timeout_s, self.iters = device, backend, timeout_s, iters
+
+    def __call__(self) -> None:
+        import torch.distributed as dist  # the job's side: torch only where ranks run
+
+        from train import launch_env
+        from train.probe import measure
+
+        env = launch_env.detect()
+        device = launch_env.pick_device(self.device)
+        if device == "cpu":
+            launch_env.limit_cpu_threads(env)
+        out_dir = Path(self.out_path).parent
+        backend = launch_env.init(env, device, self.backend, out_dir, self.timeout_s)
+        hosts = [None] * env.world_size
+        dist.all_gather_object(hosts, os.environ.get("SLURMD_NODENAME", self.hosts[env.rank]))
+        levels = level_groups(hosts, self.topology["parent"], self.topology["level"])
+        rows = measure(env.rank, levels, self.sizes, COLLECTIVES, device, iters=self.iters,
+                       progress=lambda text: print(text, flush=True))
+        launch_env.shutdown(env, out_dir)
+        if env.rank == 0:
+            write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows}) + "\n")
 
 
 def probe(settings: Settings) -> Path:

@@ -80,6 +80,11 @@ class Sweeper:
             print(f"reattached {run.run_id} to job {entry['job_id']} (attempt {entry['attempts']}), "
                   f"submitted by an earlier launcher", flush=True)
 
+    @property
+    def sequential(self) -> bool:
+        """Runs go one at a time: local runs share this machine's cores, and `sequential` clusters ask for it."""
+        return self.cluster.executor == "local" or self.cluster.sequential
+
     def _watch(self, run: Run, job) -> None:
         self.running[run.run_id] = (run, job)
         if run in self.queued:
@@ -93,9 +98,8 @@ class Sweeper:
         running = [progress.Running(run_id, *progress.last_step(self.settings.sweep_dir / run_id),
                                     run.spec.train.steps) for run_id, (run, _) in self.running.items()]
         done = sum(self.store.state(r) in FINAL for r in self.store.entries)
-        sequential = self.cluster.executor == "local" or self.cluster.sequential
         return progress.line(time.monotonic() - self.started, done, self.total, running,
-                             [r.spec.train.steps for r in self.queued], sequential)
+                             [r.spec.train.steps for r in self.queued], self.sequential)
 
     def _settle_live(self, run_id: str, result: RunResult | None) -> None:
         live = self.live.pop(run_id, None)
@@ -166,7 +170,7 @@ class Sweeper:
                     break
                 print(f"retrying {len(todo)} failed run(s)", flush=True)
             self.settled = 0
-            if self.cluster.executor == "local" or self.cluster.sequential:
+            if self.sequential:
                 self.queued = [p.run for p in todo]
                 for p in todo:
                     self.launch(p)

@@ -14,8 +14,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from launcher.placement.alphabeta import COLLECTIVES
-
 
 def _run(collective: str, buf: torch.Tensor, group, n: int) -> None:
     if collective == "all_reduce":
@@ -47,8 +45,8 @@ def _median_seconds(collective: str, size: int, group, n: int, device: str, iter
     return statistics.median(times)
 
 
-def measure(rank: int, levels: dict[str, list[list[int]]], sizes: list[int], device: str = "cpu",
-            collectives: tuple[str, ...] = COLLECTIVES, iters: int = 5, progress=None) -> list[dict]:
+def measure(rank: int, levels: dict[str, list[list[int]]], sizes: list[int], collectives: tuple[str, ...],
+            device: str = "cpu", iters: int = 5, progress=None) -> list[dict]:
     """[{level, collective, ranks, points: [[bytes, seconds], ...]}] for every level and collective; every
     rank of the world must call it with the same arguments. `progress(text)` is called on rank 0."""
     out = []
@@ -68,38 +66,3 @@ def measure(rank: int, levels: dict[str, list[list[int]]], sizes: list[int], dev
                 progress(f"probe: {level} {collective} on {n} ranks, {len(sizes)} sizes done")
     return out
 
-
-class ProbeJob:
-    """The probe as a picklable job (submitit runs one task per rank, like a training run). The levels are
-    computed where the ranks really are: under SLURM from every rank's SLURMD_NODENAME, else from the
-    planned hosts (cluster=local's virtual nodes)."""
-
-    def __init__(self, hosts: list[str], topology: dict, sizes: list[int], out_path: str, device: str,
-                 backend: str, timeout_s: float, iters: int):
-        self.hosts, self.topology, self.sizes, self.out_path = hosts, topology, sizes, out_path
-        self.device, self.backend, self.timeout_s, self.iters = device, backend, timeout_s, iters
-
-    def __call__(self) -> None:
-        import json
-        import os
-        from pathlib import Path
-
-        from launcher.placement.levels import level_groups
-
-        from . import launch_env
-        from .spec import write_atomic
-
-        env = launch_env.detect()
-        device = launch_env.pick_device(self.device)
-        if device == "cpu":
-            launch_env.limit_cpu_threads(env)
-        out_dir = Path(self.out_path).parent
-        backend = launch_env.init(env, device, self.backend, out_dir, self.timeout_s)
-        hosts = [None] * env.world_size
-        dist.all_gather_object(hosts, os.environ.get("SLURMD_NODENAME", self.hosts[env.rank]))
-        levels = level_groups(hosts, self.topology["parent"], self.topology["level"])
-        rows = measure(env.rank, levels, self.sizes, device, iters=self.iters,
-                       progress=lambda text: print(text, flush=True))
-        launch_env.shutdown(env, out_dir)
-        if env.rank == 0:
-            write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows}) + "\n")
