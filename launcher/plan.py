@@ -1,4 +1,5 @@
-"""action=plan: every run's layout, placement, predicted communication and sbatch script -> plan.json."""
+"""action=plan: every run's layout, placement, predicted communication (the paper's model) and step time
+(compute + every collective, launcher.prediction), and sbatch script -> plan.json."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,8 @@ from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
+from launcher.placement.steptime import Network, StepTime
+from launcher.prediction import Predictor
 from launcher.report.tables import oriented
 from launcher.secrets import redact, redacted
 from launcher.settings import Settings
@@ -43,6 +46,13 @@ class PlanEntry:
     hierarchy_ok: bool
     predicted_comm_s: float
     predicted_ratio_to_fsdp: float | None
+    predicted_step_s: float               # the step-time model's estimate (launcher.placement.steptime)
+    predicted_step_bounds_s: list[float]  # [full overlap, no overlap]
+    predicted_compute_s: float | None
+    predicted_comm_by_group_s: dict       # shard, replicate, federation (amortised over A)
+    predicted_tokens_per_s: float
+    predicted_speedup_over_fsdp: float | None
+    compute_source: str
     checkpoint_bytes: int
     resources: dict
     sbatch: str | None  # SLURM clusters only
@@ -78,20 +88,36 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     return topo, source, usable, planned
 
 
-def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology, usable: list[str]) -> dict[int, float]:
-    """FSDP's predicted communication seconds per step at each node count of the sweep: what ratios divide by."""
+def step_of(predictor: Predictor, run: Run, layout: tuple, placement, topo: topology.Topology) -> StepTime:
+    """The step time of `run`'s model and batch in `layout` = (strategy, F, R, S, A) placed as `placement`."""
+    t = run.spec.train
+    return predictor.step(*layout, run.spec.model.llama_kwargs, comm_model(run), t.batch_per_rank, t.seq_len,
+                          t.precision, placement, topo)
+
+
+def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology, usable: list[str],
+                   predictor: Predictor) -> dict[int, tuple[float, StepTime]]:
+    """FSDP's predicted communication seconds and step time at each node count of the sweep: what ratios
+    divide by."""
     G = settings.cluster.gpus_per_node
     first = {run.nodes: run for run in reversed(runs)}  # the first run at each node count gives the model
-    return {n: planner.price("fsdp", 1, 1, n * G, None, G, comm_model(run), topo, usable)[1]
-            for n, run in first.items()}
+    out = {}
+    for n, run in first.items():
+        layout = ("fsdp", 1, 1, n * G, None)
+        placement, comm = planner.price(*layout, G, comm_model(run), topo, usable)
+        out[n] = comm, step_of(predictor, run, layout, placement, topo)
+    return out
 
 
-def entry(settings: Settings, planned: PlannedRun, fsdp_s: float, store: Store) -> PlanEntry:
-    """`fsdp_s`: FSDP's predicted seconds on this run's node count (fsdp_baselines)."""
+def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime], store: Store,
+          predictor: Predictor, topo: topology.Topology) -> PlanEntry:
+    """`fsdp`: FSDP's predicted communication and step on this run's node count (fsdp_baselines)."""
     run, placement = planned.run, planned.placement
     spec, cluster = run.spec, settings.cluster
     model = comm_model(run)
     predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
+    step = step_of(predictor, run, (spec.strategy, spec.F, spec.R, spec.S, spec.A), placement, topo)
+    fsdp_s, fsdp_step = fsdp
     attempt = store.entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
     return PlanEntry(
@@ -102,6 +128,12 @@ def entry(settings: Settings, planned: PlannedRun, fsdp_s: float, store: Store) 
         note=run.note, nodes=placement.nodes, hostfile=placement.hosts, coords=[list(c) for c in placement.coords],
         bandwidth=placement.bandwidth, group_levels=placement.group_levels, hierarchy_ok=placement.hierarchy_ok,
         predicted_comm_s=predicted, predicted_ratio_to_fsdp=predicted / fsdp_s if fsdp_s else None,
+        predicted_step_s=step.step_s, predicted_step_bounds_s=[step.full_overlap_s, step.no_overlap_s],
+        predicted_compute_s=step.compute_s, predicted_comm_by_group_s=step.comm_s,
+        predicted_tokens_per_s=spec.world_size * spec.train.batch_per_rank * spec.train.seq_len / step.step_s
+        if step.step_s else 0.0,
+        predicted_speedup_over_fsdp=fsdp_step.step_s / step.step_s if step.step_s else None,
+        compute_source=step.compute_source,
         checkpoint_bytes=checkpoint_bytes(model.params, spec.F, spec.train.precision,
                                           spec.train.average_optimizer_state),
         resources=redacted(resources(cluster, planned)),
@@ -121,31 +153,39 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     runs = expand(settings) if runs is None else runs
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
     topo, source, usable, planned = place_runs(settings, runs)
-    fsdp_s = fsdp_baselines(settings, runs, topo, usable)
-    entries = [entry(settings, p, fsdp_s[p.run.nodes], store) for p in planned]
+    predictor = Predictor(settings)
+    fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
+    entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor, topo) for p in planned]
     widest = max(runs, key=lambda r: r.nodes)
-    ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable)
+    ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable,
+                                   step=lambda *layout: step_of(predictor, widest, layout[:5], layout[5], topo).step_s)
+    network = (predictor.network or Network.nominal(topo.bandwidth)).source
     write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
-                                   "topology": source, "runs": [e.to_json() for e in entries],
+                                   "topology": source, "network": network, "runs": [e.to_json() for e in entries],
                                    "ranking": ranking}, indent=2) + "\n")
     if not echo:
         return planned, entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
     print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  "
-          f"{'less comm than FSDP':>19}  checkpoint")
+          f"{'less comm than FSDP':>19}  {'step (s)':>9} {'tokens/s':>9} {'faster than FSDP':>16}  checkpoint")
     for e in entries:
         bw = "/".join(_gbps(e.bandwidth[k]) for k in ("B_S", "B_R", "B_F"))
         ratio = oriented(1 / e.predicted_ratio_to_fsdp, "more") if e.predicted_ratio_to_fsdp else "-"
+        speedup = oriented(e.predicted_speedup_over_fsdp, "slower") if e.predicted_speedup_over_fsdp else "-"
         print(f"  {e.run_id:<28} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
               f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>8.3g}s  {ratio:>19}  "
-              f"{e.checkpoint_bytes / GB:>7.3g} GB"
-              + (f"  {e.note}" if e.note else ""))
-    print(f"cheapest layouts on {widest.nodes} nodes (predicted communication per step):")
+              f"{e.predicted_step_s:>9.3g} {e.predicted_tokens_per_s:>9,.0f} {speedup:>16}  "
+              f"{e.checkpoint_bytes / GB:>7.3g} GB" + (f"  {e.note}" if e.note else ""))
+    print(f"  comm/step and less comm: the paper's formulas at nominal bandwidth; step, tokens/s and faster: the "
+          f"step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "
+          f"overlap) with {network}, compute {entries[0].compute_source}")
+    print(f"fastest layouts on {widest.nodes} nodes (predicted step time):")
     for row in ranking[:5]:
         A = f" A={row['A']}" if row["A"] else ""
         print(f"  {row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}: "
-              f"{row['predicted_comm_s']:.3g} s, {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} comm than FSDP")
+              f"{row['predicted_step_s']:.3g} s/step, {oriented(row['speedup_over_fsdp'], 'slower', 'faster')} "
+              f"than FSDP; comm {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP")
     print(f"plan written to {path}")
     return planned, entries

@@ -1,6 +1,8 @@
 """action=probe: time all_gather, reduce_scatter, all_reduce and broadcast across every topology level, on the
 nodes and in the rank layout of the sweep's widest run, with the backend training uses, and fit latency and
-bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table.
+bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table. The same job then
+calibrates compute (train.calibrate) for every (model, batch, precision) the sweep runs: the step-time model
+(placement.steptime) reads both back, for this sweep or, with cluster.probe=FILE, for another.
 
 The job is submitted like a run (submitit, local or SLURM); its task 0 prints a line per (level, collective)
 done, which the launcher echoes while it waits.
@@ -15,7 +17,7 @@ from pathlib import Path
 from launcher.errors import ConfigError, SubmitError
 from launcher.placement import topology
 from launcher.placement.alphabeta import COLLECTIVES, bus_factor, fit
-from launcher.placement.levels import level_groups
+from launcher.placement.levels import level_groups, traffic
 from launcher.plan import place_runs
 from launcher.run import failure_reason
 from launcher.settings import Settings
@@ -37,8 +39,27 @@ def sizes(max_bytes: int) -> list[int]:
     return out
 
 
-def summarise(raw: dict) -> dict:
-    """probe.json: each (level, collective) with its alpha-beta fit and bus bandwidth beside the points."""
+def workload(run) -> dict:
+    """What a run's compute depends on: its model's shapes, tokens per rank and precision."""
+    t = run.spec.train
+    return {"model": run.spec.model.llama_kwargs, "batch_per_rank": t.batch_per_rank, "seq_len": t.seq_len,
+            "precision": t.precision}
+
+
+def workloads(runs) -> list[dict]:
+    out = []
+    for run in runs:
+        if workload(run) not in out:
+            out.append(workload(run))
+    return out
+
+
+def summarise(raw: dict, topo: dict) -> dict:
+    """probe.json: each (level, collective) with its alpha-beta fit, bus bandwidth and how many of its
+    groups shared the level's busiest link (flows) beside the points; the compute calibration as measured."""
+    groups = level_groups(raw["hosts"], topo["parent"], topo["level"])
+    flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], topo["parent"],
+                               topo["level"]).values()) for name in groups}
     levels = []
     for row in raw["levels"]:
         try:
@@ -47,16 +68,23 @@ def summarise(raw: dict) -> dict:
             raise ConfigError(f"probe: {row['level']} {row['collective']}: {exc}; raise probe.max_bytes (now up "
                               f"to {row['points'][-1][0]} bytes) so transfers outlast the latency") from None
         levels.append({**row, "alpha_s": f.alpha_s, "bytes_per_s": f.bytes_per_s,
-                       "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"])})
-    return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels}
+                       "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"]),
+                       "flows": flows[row["level"]]})
+    return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "compute": raw["compute"]}
 
 
 def table(probe: dict) -> str:
     lines = [f"{'level':<8} {'collective':<15} {'ranks':>5} {'alpha (us)':>11} {'algbw (GB/s)':>13} "
-             f"{'busbw (GB/s)':>13}"]
+             f"{'busbw (GB/s)':>13} {'flows':>5}"]
     for e in probe["levels"]:
         lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
-                     f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g}")
+                     f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5}")
+    for w in probe["compute"]:
+        per = {k: w["root"][k] + w["model"]["num_hidden_layers"] * w["layer"][k] for k in w["root"]}
+        lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "
+                     f"{w['batch_per_rank']}x{w['seq_len']} tokens, {w['precision']}: forward "
+                     f"{per['forward_s'] * 1e3:.1f} ms, backward {per['backward_s'] * 1e3:.1f} ms, "
+                     f"optimizer (whole model) {per['optimizer_s'] * 1e3:.1f} ms per rank")
     return "\n".join(lines)
 
 
@@ -86,14 +114,16 @@ class ProbeJob:
     planned hosts (cluster=local's virtual nodes)."""
 
     def __init__(self, hosts: list[str], topology: dict, sizes: list[int], out_path: str, device: str,
-                 backend: str, timeout_s: float, iters: int):
+                 backend: str, timeout_s: float, iters: int, workloads: list[dict]):
         self.hosts, self.topology, self.sizes, self.out_path = hosts, topology, sizes, out_path
         self.device, self.backend, self.timeout_s, self.iters = device, backend, timeout_s, iters
+        self.workloads = workloads
 
     def __call__(self) -> None:
         import torch.distributed as dist  # the job's side: torch only where ranks run
 
         from train import launch_env
+        from train.calibrate import calibrate
         from train.probe import measure
 
         env = launch_env.detect()
@@ -105,11 +135,13 @@ class ProbeJob:
         hosts = [None] * env.world_size
         dist.all_gather_object(hosts, os.environ.get("SLURMD_NODENAME", self.hosts[env.rank]))
         levels = level_groups(hosts, self.topology["parent"], self.topology["level"])
-        rows = measure(env.rank, levels, self.sizes, COLLECTIVES, device, iters=self.iters,
-                       progress=lambda text: print(text, flush=True))
+        say = lambda text: print(text, flush=True)  # noqa: E731
+        rows = measure(env.rank, levels, self.sizes, COLLECTIVES, device, iters=self.iters, progress=say)
+        compute = calibrate(env.rank, self.workloads, device, iters=self.iters, progress=say)
         launch_env.shutdown(env, out_dir)
         if env.rank == 0:
-            write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows}) + "\n")
+            write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
+                                                          "compute": compute}) + "\n")
 
 
 def probe(settings: Settings) -> Path:
@@ -121,9 +153,10 @@ def probe(settings: Settings) -> Path:
     folder = settings.sweep_dir / "probe"
     raw_path = folder / "raw.json"
     raw_path.unlink(missing_ok=True)
-    job = ProbeJob(widest.placement.hosts, topology.to_json(topo), sizes(settings.probe["max_bytes"]),
+    tree = topology.to_json(topo)
+    job = ProbeJob(widest.placement.hosts, tree, sizes(settings.probe["max_bytes"]),
                    str(raw_path), cluster.device, cluster.backend, widest.run.spec.train.timeout_s,
-                   settings.probe["iters"])
+                   settings.probe["iters"], workloads([p.run for p in planned]))
     submitted = make_executor(cluster, widest, folder / "submitit").submit(job)
     world = widest.run.spec.world_size
     print(f"probe: job {submitted.job_id} on {world} ranks ({len(widest.placement.nodes)} nodes, placed like "
@@ -138,7 +171,7 @@ def probe(settings: Settings) -> Path:
         time.sleep(settings.poll_s)
     if not raw_path.exists():
         raise SubmitError(f"the probe job failed: {failure_reason(submitted, world)}")
-    result = summarise(json.loads(raw_path.read_text()))
+    result = summarise(json.loads(raw_path.read_text()), tree)
     path = settings.sweep_dir / "probe.json"
     write_atomic(path, json.dumps(result, indent=2) + "\n")
     print(table(result))

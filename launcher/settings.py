@@ -31,6 +31,7 @@ class Cluster:
     time_min: int
     max_ranks: int | None = None
     peak_flops: float | None = None
+    probe: str | None = None      # a probe.json for the step-time model (launcher.prediction)
     partition: str | int | None = None
     account: str | int | None = None
     qos: str | int | None = None

@@ -25,15 +25,15 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from . import alignment
 from .parallelize import local
+from .spec import FEDAVG_CHUNK_BYTES
 
-CHUNK_BYTES = 256 * 2**20
 # torch >= 2.10 renamed all_gather_into_tensor; the package supports torch from 2.6.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class FedAvg:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, mesh: DeviceMesh, A: int,
-                 average_optimizer_state: bool = False, chunk_bytes: int = CHUNK_BYTES):
+                 average_optimizer_state: bool = False, chunk_bytes: int = FEDAVG_CHUNK_BYTES):
         self.model, self.optimizer, self.A = model, optimizer, A
         self.average_optimizer_state = average_optimizer_state
         self.chunk_bytes = chunk_bytes

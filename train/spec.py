@@ -17,6 +17,9 @@ from .errors import SpecError
 from .sections import DataSection, ModelSection, SyntheticData, data_section, data_to_dict, reject_unknown
 
 STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
+# FedAvg packs shards into flat buffers of at most this size, one collective each (train.federated; the
+# step-time model counts them without importing torch).
+FEDAVG_CHUNK_BYTES = 256 * 2**20
 PRECISIONS = ("fp32", "bf16", "paper")
 TIMINGS = ("phases", "end_to_end")
 INITS = ("auto", "full", "meta")

@@ -62,6 +62,14 @@ def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | No
     return assess(F, R, S, hosts, topo, nodes=nodes)
 
 
+def communicators(F: int, R: int, S: int) -> dict[str, list[list[tuple]]]:
+    """The (f, r, s) members of every shard, replicate and federation group; in FL+HSDP only replica 0 of
+    each group averages across groups (train.federated)."""
+    return {"shard": [[(f, r, s) for s in range(S)] for f in range(F) for r in range(R)],
+            "replicate": [[(f, r, s) for r in range(R)] for f in range(F) for s in range(S)],
+            "federation": [[(f, 0, s) for f in range(F)] for s in range(S)]}
+
+
 def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list[str] | None = None) -> Placement:
     """Per-level bottlenecks of a given rank -> host map (a plan, or where a finished run really ran)."""
     world = F * R * S
@@ -72,11 +80,7 @@ def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list
         levels = [topo.lca_level({hosts[idx[c]] for c in group}) for group in groups if len(group) > 1]
         return topo.link(max(levels)) if levels else None
 
-    shard = [[(f, r, s) for s in range(S)] for f in range(F) for r in range(R)]
-    replica = [[(f, r, s) for r in range(R)] for f in range(F) for s in range(S)]
-    fed_replicas = range(1) if R > 1 else range(R)  # FL+HSDP: only replica 0 averages across groups
-    fed = [[(f, r, s) for f in range(F)] for r in fed_replicas for s in range(S)]
-    bandwidth = {"B_S": worst(shard), "B_R": worst(replica), "B_F": worst(fed)}
+    bandwidth = {key: worst(g) for key, g in zip(("B_S", "B_R", "B_F"), communicators(F, R, S).values())}
     present = [b for b in bandwidth.values() if b is not None]
     ok = all(a >= b for a, b in zip(present, present[1:]))
     group_hosts = [{hosts[r] for r in range(f * R * S, (f + 1) * R * S)} for f in range(F)]

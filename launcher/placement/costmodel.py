@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from train.spec import STRATEGIES  # torch-free
 
-_LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
 
 
@@ -70,10 +70,10 @@ WIRE_BYTES = {"fp32": (4, 4, 4), "bf16": (2, 4, 4), "paper": (2, 2, 2)}
 def model_from_preset(preset_kwargs: dict, precision: str, average_optimizer_state: bool = False) -> Model:
     """A Model from LlamaConfig kwargs and the run's precision; averaging AdamW's two moments (stored like
     the parameters) triples what FedAvg sends."""
-    missing = [key for key in _LLAMA_KEYS if key not in preset_kwargs]
+    missing = [key for key in LLAMA_KEYS if key not in preset_kwargs]
     if missing:
         raise ValueError(f"model preset lacks {', '.join(missing)}")
-    params = llama_params(**{key: preset_kwargs[key] for key in _LLAMA_KEYS},
+    params = llama_params(**{key: preset_kwargs[key] for key in LLAMA_KEYS},
                           tie_word_embeddings=preset_kwargs.get("tie_word_embeddings", False))
     gather, grad, fedavg = WIRE_BYTES[precision]
     return Model(params, preset_kwargs["num_hidden_layers"], gather, grad,

@@ -1,4 +1,6 @@
-"""Which ranks talk across which topology level: the communicators the probe times (launcher.probe)."""
+"""Which ranks talk across which topology level: the communicators the probe times (launcher.probe), and how
+many of a layout's concurrent communicators share the busiest link of the level they cross (the step-time
+model divides a link's measured bandwidth by that count)."""
 from __future__ import annotations
 
 
@@ -31,5 +33,37 @@ def level_groups(hosts: list[str], parent: dict[str, str], level: dict[str, int]
                 groups += [[by_node[n][j] for n in first.values()] for j in range(width)]
         if groups:
             size = max({len(g) for g in groups}, key=[len(g) for g in groups].count)
-            out[{0: "leaf", 1: "spine"}.get(lv, f"level{lv}")] = [g for g in groups if len(g) == size]
+            out[level_name(lv)] = [g for g in groups if len(g) == size]
+    return out
+
+
+def level_name(lv: int) -> str:
+    """The probe's name of a topology level: node (-1, inside one node), leaf (0), spine (1), level<k>."""
+    return {-1: "node", 0: "leaf", 1: "spine"}.get(lv, f"level{lv}")
+
+
+def traffic(groups: list[list[str]], parent: dict[str, str], level: dict[str, int]) -> dict[int, int]:
+    """{level: flows} for communicators that run at once, each given by its members' hosts: for every level a
+    group crosses, the most groups crossing one link of it. A child's link up to a switch of level k is crossed
+    by each group with members both below and outside the child (a ring crosses it once each way); level -1
+    counts groups that stay inside one node, per node."""
+    def chain(host: str) -> list[str]:
+        out = [host]
+        while out[-1] in parent:
+            out.append(parent[out[-1]])
+        return out
+
+    load: dict[tuple[int, str], int] = {}
+    for hosts in (set(g) for g in groups if len(g) > 1):
+        chains = [chain(h) for h in hosts]
+        if len(hosts) == 1:
+            crossed = {(-1, chains[0][0])}
+        else:
+            shared = set.intersection(*(set(c) for c in chains))
+            crossed = {(level[c[i + 1]], c[i]) for c in chains for i in range(len(c) - 1) if c[i] not in shared}
+        for key in crossed:
+            load[key] = load.get(key, 0) + 1
+    out: dict[int, int] = {}
+    for (lv, _), n in load.items():
+        out[lv] = max(out.get(lv, 0), n)
     return out

@@ -1,7 +1,8 @@
 """Rank (strategy, F, R, A) choices for a cluster and model by predicted communication per step.
 
 Every candidate is placed on the cluster's topology (allocate.place) and priced with the
-paper's cost model at the bottlenecks that placement achieves.
+paper's cost model at the bottlenecks that placement achieves and, given a step-time function
+(launcher.prediction), by predicted step time, which then orders them.
 """
 from __future__ import annotations
 
@@ -28,15 +29,21 @@ def price(strategy: str, F: int, R: int, S: int, A, G: int, model: Model, topo: 
 
 
 def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[str] | None = None,
-                 As=AS) -> list[dict]:
-    """Cheapest first; ratio_to_fsdp = this layout's time / FSDP's on the same nodes (< 1: less than FSDP)."""
+                 As=AS, step=None) -> list[dict]:
+    """Fastest first by `step(strategy, F, R, S, A, placement)` seconds when given, else cheapest communication;
+    ratio_to_fsdp = this layout's communication / FSDP's on the same nodes (< 1: less than FSDP),
+    speedup_over_fsdp = FSDP's predicted step / this layout's."""
     usable = topo.usable() if usable is None else usable
     rows = []
     for strategy, F, R, S, A in candidates(nodes, G, As):
         placement, seconds = price(strategy, F, R, S, A, G, model, topo, usable)
         rows.append({"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "predicted_comm_s": seconds,
                      **placement.bandwidth, "hierarchy_ok": placement.hierarchy_ok})
-    fsdp = rows[0]["predicted_comm_s"]
+        if step is not None:
+            rows[-1]["predicted_step_s"] = step(strategy, F, R, S, A, placement)
+    fsdp = rows[0]
     for row in rows:
-        row["ratio_to_fsdp"] = row["predicted_comm_s"] / fsdp if fsdp else None
-    return sorted(rows, key=lambda row: row["predicted_comm_s"])
+        row["ratio_to_fsdp"] = row["predicted_comm_s"] / fsdp["predicted_comm_s"] if fsdp["predicted_comm_s"] else None
+        if step is not None:
+            row["speedup_over_fsdp"] = fsdp["predicted_step_s"] / row["predicted_step_s"] if row["predicted_step_s"] else None
+    return sorted(rows, key=lambda row: row["predicted_step_s" if step is not None else "predicted_comm_s"])

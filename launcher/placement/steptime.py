@@ -1,0 +1,159 @@
+"""Predicted seconds per optimizer step: compute plus every collective the run issues, each priced with the
+alpha and bandwidth of the level it crosses (launcher.placement.costmodel keeps the paper's communication-only
+formulas beside it). Pure arithmetic, no torch: plan ranks hundreds of layouts with it.
+
+What one step sends (train.parallelize: fully_shard on each decoder layer, then on the root):
+- shard group (S ranks): per unit an all_gather in forward (every layer and the root), another in backward
+  for each layer (the root is not resharded after forward), and a reduce_scatter of its gradient;
+- replicate group (R ranks, HSDP): an all_reduce of each unit's gradient shard;
+- federation, every A steps (F groups): the rank's whole shard averaged in FEDAVG_CHUNK_BYTES chunks (fp32:
+  one all_reduce each; 16-bit: all_to_all + all_gather, the same bytes), then for FL+HSDP replica 0's
+  broadcast over its replicate group.
+A collective of `size` bytes on n ranks takes alpha + size x busfactor(n) x flows / link at the busiest level
+it crosses, where flows is how many of the layout's concurrent groups share that level's busiest link.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.errors import ConfigError
+from launcher.placement.allocate import Placement, communicators
+from launcher.placement.alphabeta import COLLECTIVES, bus_factor
+from launcher.placement.costmodel import LLAMA_KEYS, Model, llama_params
+from launcher.placement.levels import level_name, traffic
+from launcher.placement.topology import Topology
+from train.spec import FEDAVG_CHUNK_BYTES
+
+ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Parameters of the FSDP units: the root (embeddings, lm_head, final norm) and each decoder layer."""
+
+    root: int
+    layer: int
+    layers: int
+
+    @classmethod
+    def of(cls, llama_kwargs: dict) -> "Shapes":
+        def count(layers: int) -> int:
+            kwargs = {k: llama_kwargs[k] for k in LLAMA_KEYS}
+            return llama_params(**{**kwargs, "num_hidden_layers": layers},
+                                tie_word_embeddings=llama_kwargs.get("tie_word_embeddings", False))
+        root = count(0)
+        return cls(root, count(1) - root, llama_kwargs["num_hidden_layers"])
+
+
+@dataclass(frozen=True)
+class Link:
+    alpha_s: float
+    bytes_per_s: float  # bus bandwidth of one link of the level when one group uses it
+
+
+class Network:
+    """Alpha and link bandwidth per (level, collective): measured by action=probe, or the cluster's nominal
+    per-level bandwidth with no latency term."""
+
+    def __init__(self, links: dict[tuple[str, str], Link], source: str):
+        self.links, self.source = links, source
+
+    @classmethod
+    def from_probe(cls, probe: dict, source: str) -> "Network":
+        """A probe row's bus bandwidth was shared by `flows` groups on the level's busiest link."""
+        return cls({(e["level"], e["collective"]): Link(e["alpha_s"], e["bus_bytes_per_s"] * e["flows"])
+                    for e in probe["levels"]}, source)
+
+    @classmethod
+    def nominal(cls, bandwidth: list[float]) -> "Network":
+        """bandwidth[i]: bytes/s inside a node (i = 0), then across each switch level."""
+        return cls({(level_name(i - 1), c): Link(0.0, b) for i, b in enumerate(bandwidth) for c in COLLECTIVES},
+                   "nominal bandwidth, no latency")
+
+    def seconds(self, collective: str, size: float, ranks: int, load: dict[int, int]) -> float:
+        """One collective of `size` bytes (the whole buffer) on `ranks` ranks whose groups load the levels as
+        `load` ({level: flows}, levels.traffic)."""
+        if ranks <= 1 or not load:
+            return 0.0
+        kind = "all_reduce" if collective == "all_to_all" else collective
+        per_byte = max(flows / self._link(level, kind).bytes_per_s for level, flows in load.items())
+        return self._link(max(load), kind).alpha_s + size * bus_factor(kind, ranks) * per_byte
+
+    def _link(self, level: int, collective: str) -> Link:
+        key = (level_name(level), collective)
+        if key not in self.links:
+            raise ConfigError(f"{self.source} has no {key[1]} at level {key[0]}: probe the cluster with the "
+                              f"sweep that needs it (action=probe)")
+        return self.links[key]
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One rank's forward, backward and optimizer seconds for the whole model at its batch (every rank
+    computes every layer on its own batch; the optimizer updates only the rank's 1/S shard)."""
+
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    source: str
+
+    @classmethod
+    def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":
+        """6 FLOPs per matmul weight and token plus attention (train.model.flops_per_token), a third in
+        forward, at ASSUMED_MFU of peak; the optimizer is not estimated."""
+        shapes = Shapes.of(llama_kwargs)
+        embedding = llama_kwargs["vocab_size"] * llama_kwargs["hidden_size"]
+        params = shapes.root + shapes.layers * shapes.layer
+        hidden = llama_kwargs["hidden_size"]
+        flops = batch * seq_len * (6 * (params - embedding) + 12 * shapes.layers * hidden * seq_len)
+        seconds = flops / (peak_flops * ASSUMED_MFU)
+        return cls(seconds / 3, 2 * seconds / 3, 0.0, f"estimated from peak_flops at {ASSUMED_MFU:.0%} MFU")
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float | None  # None: neither measured nor estimable (no probe, no peak_flops)
+    comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A)
+    no_overlap_s: float      # compute + all communication
+    full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
+    step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
+    compute_source: str
+    network_source: str
+
+
+def load(placement: Placement, F: int, R: int, S: int, topo: Topology) -> dict[str, dict[int, int]]:
+    """{group kind: {level: flows}} of a placed layout (levels.traffic of all its groups of that kind)."""
+    rank = {c: r for r, c in enumerate(placement.coords)}
+    return {kind: traffic([[placement.hosts[rank[c]] for c in g] for g in groups], topo.parent, topo.level)
+            for kind, groups in communicators(F, R, S).items()}
+
+
+def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shapes, model: Model,
+              loads: dict[str, dict[int, int]], network: Network, compute: Compute | None,
+              overlap: bool) -> StepTime:
+    """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel)."""
+    gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
+    fedavg_b = model.fedavg_bytes_per_param or model.bytes_per_param
+    units = [shapes.root] + [shapes.layer] * shapes.layers
+    net = network.seconds
+    shard = sum(net("all_gather", p * gather_b, S, loads["shard"]) * (1 if i == 0 else 2)
+                + net("reduce_scatter", p * grad_b, S, loads["shard"]) for i, p in enumerate(units))
+    replicate = sum(net("all_reduce", p / S * grad_b, R, loads["replicate"]) for p in units)
+    federation = 0.0
+    if F > 1:
+        shard_bytes = sum(units) / S * fedavg_b
+        chunks = max(1, -(-int(shard_bytes) // FEDAVG_CHUNK_BYTES))
+        exchange = "all_reduce" if fedavg_b >= 4 else "all_to_all"
+        federation = chunks * net(exchange, shard_bytes / chunks, F, loads["federation"])
+        federation += chunks * net("broadcast", shard_bytes / chunks, R, loads["replicate"])
+        federation /= A
+    comm = {"shard": shard, "replicate": replicate, "federation": federation}
+    if compute is None:
+        hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
+    else:
+        hidden, source = compute.forward_s + compute.backward_s, compute.source
+        exposed_compute = compute.optimizer_s / S
+    no_overlap = hidden + exposed_compute + shard + replicate + federation
+    full_overlap = max(hidden, shard + replicate) + exposed_compute + federation
+    return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
+                    full_overlap if overlap else no_overlap, source, network.source)

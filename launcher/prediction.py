@@ -1,0 +1,65 @@
+"""The step-time model fed with what is known about this cluster: a probe (cluster.probe, else this sweep's
+probe.json) for alpha/beta per level and measured compute, otherwise nominal bandwidth and peak_flops."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.errors import ConfigError
+from launcher.placement.allocate import Placement
+from launcher.placement.costmodel import LLAMA_KEYS, Model
+from launcher.placement.steptime import Compute, Network, Shapes, StepTime, load, step_time
+from launcher.placement.topology import Topology
+from launcher.settings import Settings
+
+
+def probe_file(settings: Settings) -> Path | None:
+    """cluster.probe if set (it must exist), else the sweep's own probe.json when action=probe wrote one."""
+    if settings.cluster.probe is not None:
+        path = Path(settings.cluster.probe).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"cluster.probe={settings.cluster.probe}: no such file (write one with action=probe)")
+        return path
+    own = settings.sweep_dir / "probe.json"
+    return own if own.is_file() else None
+
+
+def read_probe(path: Path) -> dict:
+    try:
+        probe = json.loads(path.read_text())
+        for e in probe["levels"]:
+            _ = e["level"], e["collective"], float(e["alpha_s"]), float(e["bus_bytes_per_s"]), int(e["flows"])
+        for w in probe["compute"]:
+            _ = w["model"], w["root"]["forward_s"], w["layer"]["optimizer_s"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path} is not a probe.json written by action=probe ({type(exc).__name__}: {exc})") from None
+    return probe
+
+
+class Predictor:
+    """Prices placed layouts; says where its numbers come from (network.source, Compute.source)."""
+
+    def __init__(self, settings: Settings):
+        self.cluster = settings.cluster
+        path = probe_file(settings)
+        self.probe = read_probe(path) if path else None
+        self.network = Network.from_probe(self.probe, f"probe {path}") if self.probe else None
+
+    def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str) -> Compute | None:
+        """Measured by the probe for this (model, batch, precision), else estimated from peak_flops, else None."""
+        wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, batch, seq_len, precision)
+        for w in (self.probe or {}).get("compute", []):
+            if ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["batch_per_rank"], w["seq_len"], w["precision"]) == wanted:
+                L = llama_kwargs["num_hidden_layers"]
+                per = {k: w["root"][k] + L * w["layer"][k] for k in w["root"]}
+                return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], "measured by the probe")
+        if self.cluster.peak_flops:
+            return Compute.estimated(llama_kwargs, batch, seq_len, self.cluster.peak_flops)
+        return None
+
+    def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
+             batch: int, seq_len: int, precision: str, placement: Placement, topo: Topology) -> StepTime:
+        network = self.network or Network.nominal(topo.bandwidth)
+        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, load(placement, F, R, S, topo),
+                         network, self.compute(llama_kwargs, batch, seq_len, precision),
+                         overlap=self.cluster.device == "cuda")
