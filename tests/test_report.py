@@ -249,3 +249,36 @@ def test_an_empty_sweep_points_at_a_sweep_in_the_old_layout(tmp_path):
     with pytest.raises(StateError, match=f"{tmp_path / 'smoke'} holds a sweep from before directories were keyed "
                                          f"by cluster: move it to {sweep_dir}"):
         write_report(sweep_dir, [])
+
+
+def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
+    from launcher.report.prediction import order_note, prediction_table
+
+    from tests.support import make_result
+
+    results = [make_result(run_id="fsdp-F1-R1-S4", train_time_s=8.0, steps=8),  # 1.0 s/step
+               make_result(run_id="fl_fsdp-F2-R1-S2-A4", strategy="fl_fsdp", F=2, S=2, A=4, train_time_s=4.0),
+               make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, train_time_s=6.0)]
+
+    def entry(run_id, step):
+        return {"run_id": run_id, "predicted_ratio_to_fsdp": None, "predicted_step_s": step,
+                "predicted_step_bounds_s": [step / 2, step], "predicted_compute_s": 0.1, "compute_source": "measured",
+                "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0}}
+
+    plan = {"network": "probe x", "runs": [entry("fsdp-F1-R1-S4", 1.1), entry("fl_fsdp-F2-R1-S2-A4", 0.4),
+                                           entry("hsdp-F1-R2-S2", 0.9)]}
+    table = prediction_table(results, plan)
+    rows = {r[0]: r for r in table.rows}
+    assert rows["fsdp-F1-R1-S4"][1:4] == [1.1, 1.0, pytest.approx(10.0)]
+    assert rows["fl_fsdp-F2-R1-S2-A4"][3] == pytest.approx(-20.0)  # 0.4 predicted, 0.5 measured
+    assert rows["hsdp-F1-R2-S2"][3] == pytest.approx(20.0)         # 0.9 predicted, 0.75 measured
+    assert table.notes[0].startswith("3 of 3 runs predicted within ±20%")
+    assert "in their measured order" in table.notes[1] and "probe x" in table.notes[2]
+    assert "1 of 3 pairs" in order_note([("a", 1.0, 2.0), ("b", 2.0, 1.0), ("c", 3.0, 3.0)])
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    _, written = write_report(tmp_path, results)
+    assert {"prediction.csv", "prediction.md", "prediction.png"} <= {p.name for p in written}
+    header = (tmp_path / "prediction.csv").read_text().splitlines()[0]
+    assert header.startswith("run_id,predicted_step_s,measured_step_s,error_pct")
+    assert (tmp_path / "prediction.png").read_bytes()[:8] == PNG
+    assert prediction_table(results, {"runs": [{"run_id": "fsdp-F1-R1-S4", "predicted_ratio_to_fsdp": 1.0}]}) is None

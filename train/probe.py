@@ -32,17 +32,22 @@ def _elements(size: int, n: int) -> int:
 
 
 def _median_seconds(collective: str, size: int, group, n: int, device: str, iters: int) -> float:
-    buf = torch.ones(_elements(size, n), dtype=torch.float32, device=device)
+    """Median seconds of this rank's group (0.0 on a rank in no group of the level). Every rank of the world
+    enters each call through one barrier, so all groups of a level run at once and share links as data-parallel
+    groups do in a step, instead of drifting apart and each finding the links idle."""
+    buf = torch.ones(_elements(size, n), dtype=torch.float32, device=device) if group else None
     times = []
     for i in range(iters + 1):  # the first call warms up the communicator and is not counted
-        dist.barrier(group=group)
+        dist.barrier()
+        if group is None:
+            continue
         start = time.perf_counter()
         _run(collective, buf, group, n)
         if device == "cuda":
             torch.cuda.synchronize()
         if i:
             times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times) if times else 0.0
 
 
 def measure(rank: int, levels: dict[str, list[list[int]]], sizes: list[int], collectives: tuple[str, ...],
@@ -57,7 +62,7 @@ def measure(rank: int, levels: dict[str, list[list[int]]], sizes: list[int], col
         for collective in collectives:
             points = []
             for size in sizes:
-                seconds = _median_seconds(collective, size, mine[1], n, device, iters) if mine else 0.0
+                seconds = _median_seconds(collective, size, mine[1] if mine else None, n, device, iters)
                 slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
                 points.append([_elements(size, n) * 4, slowest.item()])

@@ -31,11 +31,13 @@ class Fit:
 
 
 def fit(points: list[tuple[float, float]]) -> Fit:
-    """Least squares of seconds on bytes, weighted by 1/t so small messages (which fix alpha) count as much
-    as large ones (which fix the bandwidth); alpha is clamped at 0 (a negative latency is noise)."""
+    """Least squares of seconds on bytes, weighted by 1/t: between absolute errors (the largest message alone
+    would fix the line) and relative ones (the many latency-bound small messages would, and a link whose rate
+    sags with size, like TCP through a shaped queue, would be credited its small-message burst rate); alpha is
+    clamped at 0 (a negative latency is noise)."""
     if len({b for b, _ in points}) < 2:
         raise ValueError("an alpha-beta fit needs at least two message sizes")
-    w = [1.0 / max(t, 1e-12) ** 2 for _, t in points]
+    w = [1.0 / max(t, 1e-12) for _, t in points]
     sw = sum(w)
     sx = sum(wi * b for wi, (b, _) in zip(w, points))
     sy = sum(wi * t for wi, (_, t) in zip(w, points))

@@ -48,7 +48,14 @@ class Shapes:
 @dataclass(frozen=True)
 class Link:
     alpha_s: float
-    bytes_per_s: float  # bus bandwidth of one link of the level when one group uses it
+    bytes_per_s: float        # bus bandwidth of one link of the level when one group uses it
+    step_alpha_s: float = 0.0  # latency per ring step (NCCL's own tuning model prices rings so); a probe
+                               # measures one communicator size per level and folds it into alpha_s
+
+
+def ring_steps(collective: str, ranks: int) -> int:
+    """Steps of a ring collective on n ranks: 2(n-1) for all_reduce, n-1 for the others."""
+    return 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
 
 
 class Network:
@@ -77,7 +84,8 @@ class Network:
             return 0.0
         kind = "all_reduce" if collective == "all_to_all" else collective
         per_byte = max(flows / self._link(level, kind).bytes_per_s for level, flows in load.items())
-        return self._link(max(load), kind).alpha_s + size * bus_factor(kind, ranks) * per_byte
+        top = self._link(max(load), kind)
+        return top.alpha_s + ring_steps(kind, ranks) * top.step_alpha_s + size * bus_factor(kind, ranks) * per_byte
 
     def _link(self, level: int, collective: str) -> Link:
         key = (level_name(level), collective)

@@ -1,5 +1,6 @@
 """action=report and the end of action=run: every table (.md/.csv/.tex) and plot of a sweep, written
-atomically into its directory, with the cost model's prediction and the achieved placement beside them."""
+atomically into its directory, with the cost model's prediction, the step-time model's predicted vs measured
+step (prediction.md/.csv/.png) and the achieved placement beside them."""
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 from launcher.errors import StateError
 from launcher.placement import topology
 from launcher.report.plots import plots
+from launcher.report.prediction import prediction_plot, prediction_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
 from train.result import RunResult
@@ -33,11 +35,14 @@ def write_report(sweep_dir: Path, results: list[RunResult], notes: list[str] = (
                  if (before / "manifest.jsonl").exists() else "")
         raise StateError(f"no results under {sweep_dir}{moved}")
     plan_path = sweep_dir / "plan.json"
-    predicted = {}
-    if plan_path.exists():  # put the cost model's prediction beside each measurement
-        predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in json.loads(plan_path.read_text())["runs"]}
+    plan = json.loads(plan_path.read_text()) if plan_path.exists() else {"runs": []}
+    # the cost model's prediction beside each measurement
+    predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in plan["runs"]}
     tables = {"table3": table3(results, predicted), "table4": table4(results)}
     tables["table3"].notes += notes
+    steps = prediction_table(results, plan)
+    if steps is not None:
+        tables["prediction"] = steps
     topo_path = sweep_dir / "topology.json"
     if topo_path.exists():  # saved at submission: check where the ranks really ran
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
@@ -49,6 +54,8 @@ def write_report(sweep_dir: Path, results: list[RunResult], notes: list[str] = (
             write_atomic(sweep_dir / f"{name}.{ext}", text)
             written.append(sweep_dir / f"{name}.{ext}")
     written += plots(sweep_dir, results)
+    if steps is not None:
+        written.append(prediction_plot(steps, sweep_dir / "prediction.png"))
     return "\n".join(t.to_markdown() for t in tables.values()), written
 
 

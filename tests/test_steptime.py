@@ -1,0 +1,144 @@
+"""The step-time model: hand-computed steps, its limits (A -> infinity, F = 1), contention, and probe input."""
+import pytest
+
+from launcher.errors import ConfigError
+from launcher.placement import topology
+from launcher.placement.allocate import place
+from launcher.placement.costmodel import Model, llama_params
+from launcher.placement.levels import traffic
+from launcher.placement.steptime import Compute, Network, Shapes, load, step_time
+from train.presets import PRESETS
+from train.spec import FEDAVG_CHUNK_BYTES
+
+SHAPES = Shapes(root=100, layer=10, layers=2)  # units: root 100, two layers of 10 parameters
+FP32 = Model(params=120, layers=2, bytes_per_param=4)
+NOMINAL = Network.nominal([1e3, 1e2, 1e1])     # bytes/s inside a node, under a leaf, across the spine
+COMPUTE = Compute(forward_s=1.0, backward_s=2.0, optimizer_s=4.0, source="test")
+LEAF = {0: 1}                                   # one group per link, crossing node links under one leaf
+
+
+def _step(strategy, F, R, S, A, loads, compute=COMPUTE, overlap=False, network=NOMINAL, model=FP32):
+    return step_time(strategy, F, R, S, A, SHAPES, model, loads, network, compute, overlap)
+
+
+def test_fsdp_step_by_hand():
+    # all_gather: root once (not resharded after forward), each layer twice: (400 + 2 * 2 * 40) bytes;
+    # reduce_scatter: every unit once: 480 bytes; both x (S-1)/S = 3/4, over 100 B/s at the leaf level
+    t = _step("fsdp", 1, 1, 4, None, {"shard": LEAF, "replicate": {}, "federation": {}})
+    assert t.comm_s["shard"] == pytest.approx((560 + 480) * 0.75 / 100)
+    assert t.compute_s == pytest.approx(1 + 2 + 4 / 4)  # the optimizer updates a quarter of the model
+    assert t.no_overlap_s == pytest.approx(4 + 7.8)
+    assert t.full_overlap_s == pytest.approx(max(3, 7.8) + 1)
+    assert t.step_s == t.no_overlap_s  # CPU: no overlap
+    assert _step("fsdp", 1, 1, 4, None, {"shard": LEAF, "replicate": {}, "federation": {}},
+                 overlap=True).step_s == t.full_overlap_s
+
+
+def test_fl_hsdp_step_by_hand():
+    loads = {"shard": {-1: 1}, "replicate": {0: 1}, "federation": {1: 1}}
+    t = _step("fl_hsdp", 2, 2, 2, 4, loads)
+    shard = (560 + 480) * 0.5 / 1e3
+    replicate = 480 / 2 * (2 * 1 / 2) / 1e2  # all_reduce of each unit's half, R = 2
+    federation = (480 / 2 * 1 / 1e1 + 480 / 2 / 1e2) / 4  # FedAvg all_reduce across the spine, broadcast to R
+    assert t.comm_s == pytest.approx({"shard": shard, "replicate": replicate, "federation": federation})
+    assert t.no_overlap_s == pytest.approx(3 + 4 / 2 + shard + replicate + federation)
+
+
+def test_latency_is_paid_per_collective():
+    network = Network({(lv, c): link for (lv, c), link in NOMINAL.links.items()}, "test")
+    network.links = {k: type(v)(0.5, v.bytes_per_s) for k, v in network.links.items()}
+    loads = {"shard": LEAF, "replicate": {}, "federation": {}}
+    no_alpha, alpha = _step("fsdp", 1, 1, 4, None, loads), _step("fsdp", 1, 1, 4, None, loads, network=network)
+    assert alpha.comm_s["shard"] - no_alpha.comm_s["shard"] == pytest.approx(0.5 * (5 + 3))  # 5 gathers, 3 reduces
+
+
+def test_infinite_A_and_F_1_reduce_to_fsdp_and_hsdp():
+    hsdp_loads = {"shard": {-1: 1}, "replicate": {0: 1}, "federation": {}}
+    hsdp = _step("hsdp", 1, 2, 2, None, hsdp_loads)
+    assert _step("fl_hsdp", 1, 2, 2, 8, hsdp_loads).step_s == hsdp.step_s
+    far = _step("fl_hsdp", 2, 2, 2, 10**12, {**hsdp_loads, "federation": {1: 1}})
+    assert far.step_s == pytest.approx(hsdp.step_s) and far.comm_s["federation"] > 0
+    fsdp_loads = {"shard": LEAF, "replicate": {}, "federation": {}}
+    fsdp = _step("fsdp", 1, 1, 4, None, fsdp_loads)
+    assert _step("fl_fsdp", 1, 1, 4, 8, fsdp_loads).step_s == fsdp.step_s
+    assert _step("fl_fsdp", 2, 1, 4, 10**12, {**fsdp_loads, "federation": {1: 1}}).step_s == pytest.approx(fsdp.step_s)
+
+
+def test_groups_sharing_a_link_split_its_bandwidth():
+    one = _step("fsdp", 1, 1, 4, None, {"shard": {0: 1}, "replicate": {}, "federation": {}})
+    two = _step("fsdp", 1, 1, 4, None, {"shard": {0: 2}, "replicate": {}, "federation": {}})
+    assert two.comm_s["shard"] == pytest.approx(2 * one.comm_s["shard"])
+    # the busiest link decides: 20 groups on a 100 B/s node link (0.2 s/B) outweigh 1 on a 10 B/s trunk (0.1 s/B)
+    both = _step("fsdp", 1, 1, 4, None, {"shard": {0: 20, 1: 1}, "replicate": {}, "federation": {}})
+    assert both.comm_s["shard"] == pytest.approx(2 * _step("fsdp", 1, 1, 4, None, {
+        "shard": {1: 1}, "replicate": {}, "federation": {}}).comm_s["shard"])
+
+
+def test_fedavg_counts_one_collective_per_chunk():
+    big = Shapes(root=FEDAVG_CHUNK_BYTES // 4, layer=FEDAVG_CHUNK_BYTES // 8, layers=2)  # 2 chunks of fp32
+    network = Network({k: type(v)(1.0, 1e18) for k, v in NOMINAL.links.items()}, "latency only")
+    t = step_time("fl_fsdp", 2, 1, 1, 1, big, FP32, {"shard": {}, "replicate": {}, "federation": {1: 1}}, network,
+                  None, False)
+    assert t.comm_s["federation"] == pytest.approx(2.0, rel=1e-6)
+    assert t.compute_s is None and "unknown" in t.compute_source
+
+
+def test_shapes_add_up_to_the_model():
+    for preset in ("mini", "llama3_8b"):
+        kwargs = PRESETS[preset]
+        shapes = Shapes.of(kwargs)
+        keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "intermediate_size")
+        assert shapes.root + shapes.layers * shapes.layer == llama_params(**{k: kwargs[k] for k in keys})
+
+
+def test_compute_estimate_from_peak_flops():
+    kwargs = PRESETS["llama3_8b"]
+    c = Compute.estimated(kwargs, batch=1, seq_len=1024, peak_flops=312e12)
+    params = llama_params(**{k: kwargs[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                                    "num_attention_heads", "num_key_value_heads", "intermediate_size")})
+    flops = 1024 * (6 * (params - 128256 * 4096) + 12 * 32 * 4096 * 1024)
+    assert c.forward_s + c.backward_s == pytest.approx(flops / (312e12 * 0.4))
+    assert c.backward_s == pytest.approx(2 * c.forward_s) and "40% MFU" in c.source
+
+
+def test_probe_links_carry_the_flows_they_were_measured_with():
+    probe = {"levels": [{"level": "leaf", "collective": c, "alpha_s": 0.001, "bus_bytes_per_s": 50.0, "flows": 2}
+                        for c in ("all_gather", "reduce_scatter", "all_reduce", "broadcast")]}
+    network = Network.from_probe(probe, "probe test")
+    assert network.seconds("all_reduce", 100, 2, {0: 1}) == pytest.approx(0.001 + 100 / 100)
+    assert network.seconds("all_to_all", 100, 2, {0: 2}) == pytest.approx(0.001 + 100 / 50)  # priced as all_reduce
+    with pytest.raises(ConfigError, match="probe test has no all_reduce at level spine"):
+        network.seconds("all_reduce", 100, 2, {1: 1})
+
+
+def _tree():
+    return topology.from_json({"parent": {"a1": "leafA", "a2": "leafA", "b1": "leafB", "b2": "leafB",
+                                          "leafA": "spine", "leafB": "spine"},
+                               "level": {"leafA": 0, "leafB": 0, "spine": 1},
+                               "leaves": {"leafA": ["a1", "a2"], "leafB": ["b1", "b2"]},
+                               "bandwidth": [1e3, 1e2, 1e1]})
+
+
+def test_traffic_counts_groups_per_link():
+    topo = _tree()
+    # one 8-rank ring over both leaves crosses each node link and each trunk once
+    assert traffic([["a1", "a1", "a2", "a2", "b1", "b1", "b2", "b2"]], topo.parent, topo.level) == {0: 1, 1: 1}
+    # two FedAvg groups (one per shard index) over the four nodes: both on every link
+    assert traffic([["a1", "a2", "b1", "b2"]] * 2, topo.parent, topo.level) == {0: 2, 1: 2}
+    assert traffic([["a1", "a1"], ["a2", "a2"]], topo.parent, topo.level) == {-1: 1}
+
+
+def test_load_of_placed_layouts():
+    topo = _tree()
+    fl = place(4, 1, 2, 2, topo)
+    assert load(fl, 4, 1, 2, topo) == {"shard": {-1: 1}, "replicate": {}, "federation": {0: 2, 1: 2}}
+    fsdp = place(1, 1, 8, 2, topo)
+    assert load(fsdp, 1, 1, 8, topo) == {"shard": {0: 1, 1: 1}, "replicate": {}, "federation": {}}
+
+
+def test_latency_per_ring_step_grows_with_the_communicator():
+    link = {("leaf", c): type(NOMINAL.links[("leaf", c)])(0.0, 1e30, 1e-5) for c in ("all_reduce", "all_gather")}
+    network = Network(link, "per-step latency")
+    assert network.seconds("all_reduce", 1, 8, {0: 1}) == pytest.approx(2 * 7 * 1e-5)
+    assert network.seconds("all_gather", 1, 512, {0: 1}) == pytest.approx(511 * 1e-5)
