@@ -28,7 +28,7 @@ def read_probe(path: Path) -> dict:
     try:
         probe = json.loads(path.read_text())
         for e in probe["levels"]:
-            _ = e["level"], e["collective"], float(e["alpha_s"]), float(e["bus_bytes_per_s"]), int(e["flows"])
+            _ = e["level"], e["collective"], float(e["alpha_s"]), float(e["link_bytes_per_s"]), int(e["flows"])
         for w in probe["compute"]:
             _ = w["model"], w["root"]["forward_s"], w["layer"]["optimizer_s"]
     except (OSError, ValueError, KeyError, TypeError) as exc:

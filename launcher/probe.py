@@ -55,8 +55,9 @@ def workloads(runs) -> list[dict]:
 
 
 def summarise(raw: dict, topo: dict) -> dict:
-    """probe.json: each (level, collective) with its alpha-beta fit, bus bandwidth and how many of its
-    groups shared the level's busiest link (flows) beside the points; the compute calibration as measured."""
+    """probe.json: each (level, collective) with its alpha-beta fit, bus bandwidth, how many of its groups
+    shared the level's busiest link (flows) and so the link's own rate (busbw x flows: what one group alone
+    would get) beside the points; the compute calibration as measured."""
     groups = level_groups(raw["hosts"], topo["parent"], topo["level"])
     flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], topo["parent"],
                                topo["level"]).values()) for name in groups}
@@ -70,15 +71,17 @@ def summarise(raw: dict, topo: dict) -> dict:
         levels.append({**row, "alpha_s": f.alpha_s, "bytes_per_s": f.bytes_per_s,
                        "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"]),
                        "flows": flows[row["level"]]})
+        levels[-1]["link_bytes_per_s"] = levels[-1]["bus_bytes_per_s"] * levels[-1]["flows"]
     return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "compute": raw["compute"]}
 
 
 def table(probe: dict) -> str:
     lines = [f"{'level':<8} {'collective':<15} {'ranks':>5} {'alpha (us)':>11} {'algbw (GB/s)':>13} "
-             f"{'busbw (GB/s)':>13} {'flows':>5}"]
+             f"{'busbw (GB/s)':>13} {'flows':>5} {'link (GB/s)':>12}"]
     for e in probe["levels"]:
         lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
-                     f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5}")
+                     f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5} "
+                     f"{e['link_bytes_per_s'] / GB:>12.4g}")
     for w in probe["compute"]:
         per = {k: w["root"][k] + w["model"]["num_hidden_layers"] * w["layer"][k] for k in w["root"]}
         lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "

@@ -209,6 +209,8 @@ CASES = [
     ("probe-iters-zero", launcher("action=probe", "probe.iters=0"), "probe.iters must be an integer >= 1, got 0",
      None),
     ("probe-unknown-key", launcher("action=probe", "+probe.sizes=4"), "unknown probe key(s): sizes", None),
+    ("probe-file-missing", launcher("action=plan", "cluster.probe=/nonexistent/probe.json"),
+     "cluster.probe=/nonexistent/probe.json: no such file (write one with action=probe)", None),
     ("wandb-mode", launcher("wandb.enabled=true", "wandb.mode=cloud"),
      "wandb.mode must be one of offline, online, disabled", None),
     # ---- layouts, A, F, sizes

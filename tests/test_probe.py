@@ -47,6 +47,29 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     for e in probe["levels"]:
         assert e["ranks"] == 2 and len(e["points"]) == 8  # 1 KiB .. 16 MiB
         assert e["alpha_s"] >= 0 and e["bytes_per_s"] > 0 and e["bus_bytes_per_s"] > 0
+        # node: one pair per (virtual) node; leaf: both positions' pairs leave each node
+        assert e["flows"] == {"node": 1, "leaf": 2}[e["level"]]
+        assert e["link_bytes_per_s"] == e["bus_bytes_per_s"] * e["flows"]
+    [compute] = probe["compute"]  # smoke's two runs share one model, batch and precision
+    assert (compute["batch_per_rank"], compute["seq_len"], compute["precision"]) == (2, 32, "fp32")
+    for part in ("root", "layer"):
+        assert set(compute[part]) == {"forward_s", "backward_s", "optimizer_s"}
+        assert all(v >= 0 for v in compute[part].values())
+    assert compute["layer"]["forward_s"] + compute["layer"]["backward_s"] > 0
     assert "probe: leaf broadcast on 2 ranks, 8 sizes done" in proc.stdout  # progress, echoed while it ran
+    assert "probe: compute of 4-layer model at 2x32 tokens (fp32) done" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
     assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
+
+    # the sweep's next plan reads the probe: measured compute, the probe's alpha/beta, and a step per run
+    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "action=plan", f"results_dir={tmp_path}"],
+                          capture_output=True, text=True, timeout=300, env=clean_env(slurm_client=False))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    plan = json.loads((tmp_path / "local" / "smoke" / "plan.json").read_text())
+    assert plan["network"].startswith("probe ") and plan["network"].endswith("probe.json")
+    for e in plan["runs"]:
+        assert e["compute_source"] == "measured by the probe"
+        full, none = e["predicted_step_bounds_s"]
+        assert 0 < full <= none and e["predicted_step_s"] == none  # CPU: no overlap
+        assert e["predicted_compute_s"] > 0 and e["predicted_tokens_per_s"] > 0
+    assert "compute measured by the probe" in proc.stdout and "fastest layouts on 2 nodes" in proc.stdout

@@ -269,16 +269,24 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
                                            entry("hsdp-F1-R2-S2", 0.9)]}
     table = prediction_table(results, plan)
     rows = {r[0]: r for r in table.rows}
-    assert rows["fsdp-F1-R1-S4"][1:4] == [1.1, 1.0, pytest.approx(10.0)]
-    assert rows["fl_fsdp-F2-R1-S2-A4"][3] == pytest.approx(-20.0)  # 0.4 predicted, 0.5 measured
-    assert rows["hsdp-F1-R2-S2"][3] == pytest.approx(20.0)         # 0.9 predicted, 0.75 measured
-    assert table.notes[0].startswith("3 of 3 runs predicted within ±20%")
+    assert rows["fsdp-F1-R1-S4"][1:6] == [1.1, 1.0, None, 1, pytest.approx(10.0)]
+    assert rows["fl_fsdp-F2-R1-S2-A4"][5] == pytest.approx(-20.0)  # 0.4 predicted, 0.5 measured
+    assert rows["hsdp-F1-R2-S2"][5] == pytest.approx(20.0)         # 0.9 predicted, 0.75 measured
+    assert table.notes[0].startswith("3 of 3 configurations predicted within ±20%")
     assert "in their measured order" in table.notes[1] and "probe x" in table.notes[2]
-    assert "1 of 3 pairs" in order_note([("a", 1.0, 2.0), ("b", 2.0, 1.0), ("c", 3.0, 3.0)])
+    # repeats are one row: mean and spread; a swap inside the spread is called noise, one outside is not
+    reps = [make_result(run_id=f"hsdp-F1-R2-S2-rep{i}", strategy="hsdp", R=2, S=2, train_time_s=t)
+            for i, t in ((1, 5.0), (2, 7.0))]
+    plan["runs"] += [{**entry("hsdp-F1-R2-S2-rep1", 0.9), "run_id": f"hsdp-F1-R2-S2-rep{i}"} for i in (1, 2)]
+    [row] = [r for r in prediction_table(reps, plan).rows]
+    assert row[:5] == ["hsdp-F1-R2-S2", 0.9, 0.75, pytest.approx(2 ** 0.5 / 8), 2]
+    note = order_note([("a", 1.0, 2.0, 0.1), ("b", 2.0, 1.0, 0.1), ("c", 3.0, 3.0, 0.1), ("d", 3.5, 2.95, 0.1)])
+    assert note.startswith("Order: 2 of 6 pairs are predicted in the other order than measured, 1 of them within")
+    assert "c / d (within noise)" in note and "a / b," in note
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     _, written = write_report(tmp_path, results)
     assert {"prediction.csv", "prediction.md", "prediction.png"} <= {p.name for p in written}
     header = (tmp_path / "prediction.csv").read_text().splitlines()[0]
-    assert header.startswith("run_id,predicted_step_s,measured_step_s,error_pct")
+    assert header.startswith("run_id,predicted_step_s,measured_step_s,measured_step_std_s,runs,error_pct")
     assert (tmp_path / "prediction.png").read_bytes()[:8] == PNG
     assert prediction_table(results, {"runs": [{"run_id": "fsdp-F1-R1-S4", "predicted_ratio_to_fsdp": 1.0}]}) is None

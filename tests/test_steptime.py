@@ -102,8 +102,8 @@ def test_compute_estimate_from_peak_flops():
     assert c.backward_s == pytest.approx(2 * c.forward_s) and "40% MFU" in c.source
 
 
-def test_probe_links_carry_the_flows_they_were_measured_with():
-    probe = {"levels": [{"level": "leaf", "collective": c, "alpha_s": 0.001, "bus_bytes_per_s": 50.0, "flows": 2}
+def test_probe_links_price_collectives_by_the_flows_sharing_them():
+    probe = {"levels": [{"level": "leaf", "collective": c, "alpha_s": 0.001, "link_bytes_per_s": 100.0, "flows": 2}
                         for c in ("all_gather", "reduce_scatter", "all_reduce", "broadcast")]}
     network = Network.from_probe(probe, "probe test")
     assert network.seconds("all_reduce", 100, 2, {0: 1}) == pytest.approx(0.001 + 100 / 100)

@@ -67,8 +67,8 @@ class Network:
 
     @classmethod
     def from_probe(cls, probe: dict, source: str) -> "Network":
-        """A probe row's bus bandwidth was shared by `flows` groups on the level's busiest link."""
-        return cls({(e["level"], e["collective"]): Link(e["alpha_s"], e["bus_bytes_per_s"] * e["flows"])
+        """A probe row's link rate: its bus bandwidth times the groups that shared the link (launcher.probe)."""
+        return cls({(e["level"], e["collective"]): Link(e["alpha_s"], e["link_bytes_per_s"])
                     for e in probe["levels"]}, source)
 
     @classmethod
