@@ -65,13 +65,17 @@ def test_infinite_A_and_F_1_reduce_to_fsdp_and_hsdp():
 
 
 def test_groups_sharing_a_link_split_its_bandwidth():
-    one = _step("fsdp", 1, 1, 4, None, {"shard": {0: 1}, "replicate": {}, "federation": {}})
-    two = _step("fsdp", 1, 1, 4, None, {"shard": {0: 2}, "replicate": {}, "federation": {}})
+    links = Network(NOMINAL.links, "link rates")  # shared: measured link rates, as a probe gives them
+    one = _step("fsdp", 1, 1, 4, None, {"shard": {0: 1}, "replicate": {}, "federation": {}}, network=links)
+    two = _step("fsdp", 1, 1, 4, None, {"shard": {0: 2}, "replicate": {}, "federation": {}}, network=links)
     assert two.comm_s["shard"] == pytest.approx(2 * one.comm_s["shard"])
     # the busiest link decides: 20 groups on a 100 B/s node link (0.2 s/B) outweigh 1 on a 10 B/s trunk (0.1 s/B)
-    both = _step("fsdp", 1, 1, 4, None, {"shard": {0: 20, 1: 1}, "replicate": {}, "federation": {}})
+    both = _step("fsdp", 1, 1, 4, None, {"shard": {0: 20, 1: 1}, "replicate": {}, "federation": {}}, network=links)
     assert both.comm_s["shard"] == pytest.approx(2 * _step("fsdp", 1, 1, 4, None, {
-        "shard": {1: 1}, "replicate": {}, "federation": {}}).comm_s["shard"])
+        "shard": {1: 1}, "replicate": {}, "federation": {}}, network=links).comm_s["shard"])
+    # nominal bandwidth is each rank's share already (cluster.bandwidth_GBps): flows do not divide it again
+    assert _step("fsdp", 1, 1, 4, None, {"shard": {0: 2}, "replicate": {}, "federation": {}}).comm_s["shard"] == \
+        pytest.approx(one.comm_s["shard"])
 
 
 def test_fedavg_counts_one_collective_per_chunk():

@@ -62,8 +62,10 @@ class Network:
     """Alpha and link bandwidth per (level, collective): measured by action=probe, or the cluster's nominal
     per-level bandwidth with no latency term."""
 
-    def __init__(self, links: dict[tuple[str, str], Link], source: str):
-        self.links, self.source = links, source
+    def __init__(self, links: dict[tuple[str, str], Link], source: str, shared: bool = True):
+        """`shared`: a link's bandwidth is split among the groups crossing it (flows); False where the
+        bandwidth given is already each rank's share (cluster.bandwidth_GBps)."""
+        self.links, self.source, self.shared = links, source, shared
 
     @classmethod
     def from_probe(cls, probe: dict, source: str) -> "Network":
@@ -73,9 +75,10 @@ class Network:
 
     @classmethod
     def nominal(cls, bandwidth: list[float]) -> "Network":
-        """bandwidth[i]: bytes/s inside a node (i = 0), then across each switch level."""
+        """bandwidth[i]: each rank's share in bytes/s inside a node (i = 0), then across each switch level, as
+        cluster.bandwidth_GBps states it: contention is already in it, so flows do not divide it again."""
         return cls({(level_name(i - 1), c): Link(0.0, b) for i, b in enumerate(bandwidth) for c in COLLECTIVES},
-                   "nominal bandwidth, no latency")
+                   "nominal bandwidth, no latency", shared=False)
 
     def seconds(self, collective: str, size: float, ranks: int, load: dict[int, int]) -> float:
         """One collective of `size` bytes (the whole buffer) on `ranks` ranks whose groups load the levels as
@@ -83,7 +86,8 @@ class Network:
         if ranks <= 1 or not load:
             return 0.0
         kind = "all_reduce" if collective == "all_to_all" else collective
-        per_byte = max(flows / self._link(level, kind).bytes_per_s for level, flows in load.items())
+        per_byte = max((flows if self.shared else 1) / self._link(level, kind).bytes_per_s
+                       for level, flows in load.items())
         top = self._link(max(load), kind)
         return top.alpha_s + ring_steps(kind, ranks) * top.step_alpha_s + size * bus_factor(kind, ranks) * per_byte
 
