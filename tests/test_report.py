@@ -290,3 +290,25 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     assert header.startswith("run_id,predicted_step_s,measured_step_s,measured_step_std_s,runs,error_pct")
     assert (tmp_path / "prediction.png").read_bytes()[:8] == PNG
     assert prediction_table(results, {"runs": [{"run_id": "fsdp-F1-R1-S4", "predicted_ratio_to_fsdp": 1.0}]}) is None
+
+
+def test_time_to_target_columns_and_eval_plot(tmp_path):
+    from launcher.report.plots import plots as draw
+
+    from tests.support import make_result
+
+    history = [[4, 2.0, 300.0], [8, 4.0, 90.0]]
+    results = [make_result(target_ppl=100.0, time_to_target_s=10.0, steps_to_target=8, eval_history=history),
+               make_result(run_id="fl_fsdp-F2-R1-S2-A4", strategy="fl_fsdp", F=2, S=2, A=4, target_ppl=100.0,
+                           time_to_target_s=4.0, steps_to_target=8, eval_history=history),
+               make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, target_ppl=100.0)]  # never reached
+    rows = {r["Strategy"]: r for r in csv_rows(table3(results))}
+    assert rows["FL+FSDP"]["Time to target (s)"] == "4.0" and rows["FL+FSDP"]["× faster to target than FSDP"] == "2.5"
+    assert rows["HSDP"]["Time to target (s)"] == "" and rows["HSDP"]["× faster to target than FSDP"] == ""
+    assert "Time to target (s)" not in table3([make_result()]).columns
+    written = draw(tmp_path, results)
+    assert (tmp_path / "eval_vs_time.png") in written and (tmp_path / "eval_vs_time.png").read_bytes()[:8] == PNG
+    # repeats: one that never reached the target makes the configuration's time null, not the other's time
+    reps = [make_result(run_id=f"fsdp-F1-R1-S4-rep{i}", target_ppl=100.0, time_to_target_s=t)
+            for i, t in ((1, 5.0), (2, None))]
+    assert group_repeats(reps)[0]["time_to_target_s"] is None

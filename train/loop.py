@@ -51,7 +51,7 @@ class Trainer:
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
         self.out_dir = out_dir
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
-        self.apart = {"checkpoint": 0.0, "logging": 0.0}  # seconds spent outside the training time
+        self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0}  # seconds outside the training time
         self.checkpoints = 0
         self.watchdog = None
         if watchdog_tag is not None:
@@ -123,9 +123,9 @@ class Trainer:
 
     @contextmanager
     def _timed_apart(self, what: str):
-        """Time `what` (checkpoint or logging I/O) apart from training: the training clock, which gives
-        train_time_s and each step's elapsed_s, is moved forward past it. On GPU the queued training work
-        finishes first, so none of it is counted as checkpoint or logging time."""
+        """Time `what` (checkpoint or logging I/O, an evaluation) apart from training: the training clock,
+        which gives train_time_s and each step's elapsed_s, is moved forward past it. On GPU the queued
+        training work finishes first, so none of it is counted as checkpoint, logging or evaluation time."""
         if self.device == "cuda":
             torch.cuda.synchronize()
         started = time.perf_counter()
@@ -151,6 +151,10 @@ class Trainer:
         for i in range(self.start_step, self.cfg.steps):
             self.step(i)
             done = i + 1
+            if self.cfg.eval_every and done % self.cfg.eval_every == 0 and done < self.cfg.steps:
+                trained = time.perf_counter() - self.log.start  # before the evaluation, which is timed apart
+                with self._timed_apart("eval"):
+                    self.log.add_eval(done, trained, self.evaluate(done)[0])
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
             stopping = done < self.cfg.steps and stop.agreed(done)
             save = stopping or self.checkpointer.due(done, self.cfg.steps)
@@ -180,9 +184,11 @@ class Trainer:
         return time.perf_counter() - self.log.start
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """Perplexity on the held-out set, split over all ranks (every rank runs the same number of forwards)."""
-        self._enter("eval", self.cfg.steps - 1)
+    def evaluate(self, steps_done: int) -> tuple[float, float]:
+        """Perplexity on the held-out set, split over all ranks (every rank runs the same number of forwards).
+        In a federated run every evaluation follows a FedAvg (eval_every is a multiple of A, and the final
+        average precedes the last), so all groups hold the model being measured."""
+        self._enter("eval", steps_done - 1)
         eval_set = self.source.eval_set(self.cfg.seq_len)
         n = eval_set.shape[0]
         mine = eval_set[[(self.rank + j * self.world) % n for j in range(math.ceil(n / self.world))]]
@@ -211,7 +217,8 @@ class Trainer:
                                        "node": os.environ.get("SLURMD_NODENAME", host),
                                        "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")})
         train_time = self.train()
-        eval_ppl, eval_time = self.evaluate()
+        eval_ppl, eval_time = self.evaluate(self.cfg.steps)
+        self.log.add_eval(self.cfg.steps, train_time, eval_ppl)
         peak = torch.tensor([metrics.peak_memory_bytes(self.device)], dtype=torch.float64, device=self.device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if self.rank != 0:
@@ -228,6 +235,8 @@ class Trainer:
             per_token = models.flops_per_token(self.config, n_params, cfg.seq_len)
             mfu = per_token * tokens_per_s / (self.world * spec.peak_flops)
         train_loss = self.log.final_loss(min(cfg.log_every, cfg.steps))
+        history = [[e["step"], e["train_time_s"], e["eval_ppl"]] for e in self.log.evals]
+        reached = next((e for e in history if cfg.target_ppl is not None and e[2] <= cfg.target_ppl), None)
         return RunResult(
             run_id=spec.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A,
             world_size=self.world, steps=cfg.steps, seq_len=cfg.seq_len, batch_per_rank=cfg.batch_per_rank,
@@ -238,7 +247,9 @@ class Trainer:
             aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
             peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend, data=self.source.describe(),
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
-            checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"])
+            checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
+            eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
+            time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
@@ -261,6 +272,7 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
         (out_dir / "result.json").unlink(missing_ok=True)
         if checkpoint.Checkpointer(spec, env.rank).latest() is None:
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            (out_dir / "evals.jsonl").unlink(missing_ok=True)
     backend = launch_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
         trainer = Trainer(spec, env.rank, device, config, source, out_dir, watchdog_tag=env.job_tag)

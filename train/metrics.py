@@ -54,21 +54,36 @@ class PhaseClock:
 
 
 class StepLog:
-    """Collects StepTimes + loss per step; rank 0 writes metrics.jsonl."""
+    """Collects StepTimes + loss per step; rank 0 writes metrics.jsonl, and evals.jsonl (one line per
+    evaluation during training: step, train_time_s, eval_ppl)."""
 
     def __init__(self, path: Path | None, world_size: int, device: str):
         self.path, self.world_size, self.device = path, world_size, device
+        self.eval_path = path.with_name("evals.jsonl") if path is not None else None
         self.pending: list[_Pending] = []
         self.rows: list[dict] = []
+        self.evals: list[dict] = []
         self.start = time.perf_counter()
 
     def resume(self, steps_done: int) -> None:
-        """Keep the rows of the steps a checkpoint covers (rank 0 also trims its file to them)."""
-        if self.path is None or not self.path.exists():
-            return
-        rows = [json.loads(line) for line in self.path.read_text().splitlines()]
-        self.rows = [r for r in rows if r["step"] <= steps_done]
-        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
+        """Keep the rows and evaluations of the steps a checkpoint covers (rank 0 also trims its files)."""
+        self.rows = self._trim(self.path, steps_done)
+        self.evals = self._trim(self.eval_path, steps_done)
+
+    @staticmethod
+    def _trim(path: Path | None, steps_done: int) -> list[dict]:
+        if path is None or not path.exists():
+            return []
+        rows = [r for r in map(json.loads, path.read_text().splitlines()) if r["step"] <= steps_done]
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+        return rows
+
+    def add_eval(self, step: int, train_time_s: float, eval_ppl: float) -> None:
+        row = {"step": step, "train_time_s": train_time_s, "eval_ppl": eval_ppl}
+        self.evals.append(row)
+        if self.eval_path is not None:
+            with self.eval_path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
 
     def add(self, step: int, times: StepTimes, loss: torch.Tensor, aggregated: bool, lr: float) -> None:
         elapsed = time.perf_counter() - self.start

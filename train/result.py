@@ -126,6 +126,15 @@ class RunResult:
                                default=0.0)
     checkpoints: int = _doc("checkpoints saved by the last attempt", default=0)
     logging_s: float = _doc("time the last attempt spent flushing metrics (not in train_time_s)", default=0.0)
+    eval_history: list[list] = _doc("[step, train_time_s, eval_ppl] of every evaluation (train.eval_every, then "
+                                    "the final one); train_time_s is training time, evaluations excluded",
+                                    default_factory=list)
+    eval_s: float = _doc("time the last attempt spent in evaluations during training (not in train_time_s)",
+                         default=0.0)
+    target_ppl: float | None = _doc("train.target_ppl, when set", default=None)
+    time_to_target_s: float | None = _doc("training time of the first evaluation at or below target_ppl; null "
+                                          "when none reached it (or no target)", default=None)
+    steps_to_target: int | None = _doc("the step of that evaluation, or null", default=None)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -135,7 +144,8 @@ class RunResult:
         if not isinstance(raw, dict):
             raise ResultError("a result must be a JSON object")
         reject_unknown("result", raw, _names(cls), ResultError)
-        required = [f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING and f.name not in raw]
+        required = [f.name for f in dataclasses.fields(cls) if f.name not in raw
+                    and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         if required:
             raise ResultError(f"result is missing key(s): {', '.join(required)}")
         phases = raw["phases"]

@@ -46,6 +46,8 @@ class TrainConfig:
     timing: str = "phases"
     log_every: int = 10
     eval_batch: int = 8
+    eval_every: int = 0  # steps between evaluations during training (0: only the final one); timed apart
+    target_ppl: float | None = None  # eval perplexity whose first crossing gives time_to_target_s
     init: str = "auto"
     timeout_s: float = 600.0
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
@@ -79,6 +81,10 @@ class TrainConfig:
             raise SpecError(f"train.watchdog_s must be > 0, got {self.watchdog_s}")
         if not self.timeout_s > 0:
             raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
+        if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
+            raise SpecError(f"train.eval_every must be an integer >= 0, got {self.eval_every!r}")
+        if self.target_ppl is not None and not (isinstance(self.target_ppl, (int, float)) and self.target_ppl > 1):
+            raise SpecError(f"train.target_ppl must be a perplexity > 1 or null, got {self.target_ppl!r}")
 
 
 @dataclass
@@ -128,6 +134,10 @@ class RunSpec:
                 raise SpecError(f"{self.strategy} needs F >= 2 federation groups, got F = {self.F}")
             if not isinstance(self.A, int) or isinstance(self.A, bool) or self.A < 1:
                 raise SpecError(f"A (aggregation period in steps) must be an integer >= 1, got {self.A!r}")
+            if self.train.eval_every % self.A:
+                raise SpecError(f"train.eval_every={self.train.eval_every} must be a multiple of A={self.A} for "
+                                f"{self.strategy}: an evaluation then sees the federation's model, just averaged, "
+                                f"not F different ones")
         elif self.A is not None:
             self.A = None  # FSDP/HSDP never average; a sweep-wide A does not apply to them
         if self.device not in ("auto", "cpu", "cuda"):

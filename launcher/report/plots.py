@@ -1,4 +1,5 @@
-"""ppl_vs_time.png and phases.png from a sweep's results and metrics.jsonl files."""
+"""ppl_vs_time.png and phases.png from a sweep's results and metrics.jsonl files; eval_vs_time.png from the
+results' evaluation histories when runs evaluated during training (train.eval_every)."""
 from __future__ import annotations
 
 import json
@@ -63,4 +64,23 @@ def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
     ax.set(ylabel="seconds per step", title="Mean step by phase (as Table 4: aggregation per step)")
     ax.legend(fontsize=7)
     written.append(save_png(fig, sweep_dir / "phases.png"))
+    if any(len(r.eval_history) > 1 for r in results):
+        written.append(eval_plot(results, sweep_dir / "eval_vs_time.png"))
     return written
+
+
+def eval_plot(results: list[RunResult], path: Path) -> Path:
+    """Eval perplexity against training time (evaluations excluded), a line per run, floor and targets drawn."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, r in enumerate(results):
+        if r.eval_history:
+            ax.plot([t for _, t, _ in r.eval_history], [p for _, _, p in r.eval_history], label=r.run_id,
+                    **{**line_style(i), "markevery": 1})
+    for floor in sorted({r.floor_ppl for r in results if r.floor_ppl is not None}):
+        ax.axhline(floor, linestyle="--", color="grey", label=f"floor {floor:.2f}")
+    for target in sorted({r.target_ppl for r in results if r.target_ppl is not None}):
+        ax.axhline(target, linestyle=":", color="black", label=f"target {target:.2f}")
+    ax.set(yscale="log", xlabel="training time (s, evaluations excluded)", ylabel="eval perplexity",
+           title="Eval perplexity vs training time")
+    ax.legend(fontsize=7)
+    return save_png(fig, path)

@@ -12,6 +12,7 @@ from launcher.errors import StateError
 from train.result import ResultError, RunResult, Stats
 
 SPREAD = ("train_time_s", "tokens_per_s", "eval_ppl")  # fields whose spread over repeats is reported
+ALL_OR_NONE = ("time_to_target_s", "steps_to_target")  # null in any repeat: null for the configuration
 _REPEAT = re.compile(r"-rep\d+$")
 
 
@@ -44,7 +45,9 @@ def _merge(config: str, runs: list[RunResult]) -> dict:
     rows = [_fields(r) for r in runs]
     merged = dict(rows[0], run_id=config, runs=[r.run_id for r in runs], repeats=len(runs))
     for key, value in rows[0].items():
-        if _is_number(value):
+        if key in ALL_OR_NONE and any(r[key] is None for r in rows):
+            merged[key] = None  # a target one repeat never reached is not reached on average
+        elif _is_number(value):
             merged[key] = _mean([r[key] for r in rows if _is_number(r[key])])
     merged["phases"] = {p: Stats.pool([r.phases[p] for r in runs]) for p in runs[0].phases}
     merged["aggregation_event"] = Stats.pool([r.aggregation_event for r in runs])

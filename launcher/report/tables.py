@@ -179,6 +179,10 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         ratio = predicted.get(r["runs"][0])  # repeats share a layout, so a prediction
         return 1 / ratio if ratio else None
 
+    if any(r["target_ppl"] is not None for r in rows):
+        columns += [("Target PPL", "fixed", lambda r: r["target_ppl"]),
+                     ("Time to target (s)", "fixed", lambda r: r["time_to_target_s"]),
+                     ("× faster to target than FSDP", "faster", ratio("time_to_target_s"))]
     if any(map(less_comm, rows)):
         columns.append(("× less comm than FSDP (predicted)", "less", less_comm))
     if any(r["floor_ppl"] is not None for r in rows):
