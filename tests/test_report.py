@@ -290,6 +290,8 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     assert header.startswith("run_id,predicted_step_s,measured_step_s,measured_step_std_s,runs,error_pct")
     assert (tmp_path / "prediction.png").read_bytes()[:8] == PNG
     assert prediction_table(results, {"runs": [{"run_id": "fsdp-F1-R1-S4", "predicted_ratio_to_fsdp": 1.0}]}) is None
+    blind = {"runs": [{**entry("fsdp-F1-R1-S4", 0.01), "compute_source": "unknown: no probe and no peak_flops"}]}
+    assert prediction_table(results, blind).notes[0].startswith("Compute was unknown when 1 of these were planned")
 
 
 def test_time_to_target_columns_and_eval_plot(tmp_path):

@@ -16,7 +16,7 @@ TOLERANCE = 0.20  # the band the plot shades and the notes count against
 def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
     """One row per configuration (repeats grouped); None when plan.json predates the step-time model."""
     entries = {e["run_id"]: e for e in plan["runs"] if "predicted_step_s" in e}
-    rows = []
+    rows, sources = [], []  # sources: each row's compute source
     for r in sorted(group_repeats(results), key=paper_order):
         e = entries.get(r["runs"][0])  # repeats share a layout, so a prediction
         if e is None or not e["predicted_step_s"]:
@@ -25,6 +25,7 @@ def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
         spread = r["train_time_s_std"] / r["steps"] if r["train_time_s_std"] is not None else None
         full, none = e["predicted_step_bounds_s"]
         by_group = e["predicted_comm_by_group_s"]
+        sources.append(e["compute_source"])
         rows.append([r["run_id"], e["predicted_step_s"], measured, spread, r["repeats"],
                      100 * (e["predicted_step_s"] / measured - 1), full, none, e["predicted_compute_s"],
                      by_group["shard"], by_group["replicate"], by_group["federation"]])
@@ -35,13 +36,17 @@ def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
                    "predicted_full_overlap_s", "predicted_no_overlap_s", "predicted_compute_s",
                    "predicted_shard_comm_s", "predicted_replicate_comm_s", "predicted_federation_comm_s"],
                   rows, ["text", "auto", "auto", "auto", "auto", "fixed", "auto", "auto", "auto", "auto", "auto", "auto"])
+    unknown = [source for source in sources if source.startswith("unknown")]
+    if unknown:
+        table.notes.append(f"Compute was unknown when {len(unknown)} of these were planned (no probe, no peak_flops): "
+                           f"their predictions are communication only, so their errors are not the model's; "
+                           f"run action=probe before the sweep.")
     worst = max(rows, key=lambda row: abs(row[5]))
     within = sum(abs(row[5]) <= 100 * TOLERANCE for row in rows)
     table.notes.append(f"{within} of {len(rows)} configurations predicted within ±{TOLERANCE:.0%}; largest error "
                        f"{worst[5]:+.1f}% ({worst[0]}).")
     table.notes.append(order_note([(row[0], row[1], row[2], row[3] or 0.0) for row in rows]))
-    sources = {entries[r["runs"][0]]["compute_source"] for r in group_repeats(results) if r["runs"][0] in entries}
-    table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(sources))}.")
+    table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(set(sources)))}.")
     return table
 
 
