@@ -55,3 +55,14 @@ def test_schema_document_is_current():
     assert out.stdout == doc
     for name in RunResult.__dataclass_fields__:
         assert f"| `{name}` |" in doc
+
+
+def test_identity_counts_a_missing_train_key_as_its_default():
+    """A spec.json written before train.eval_every existed is the same experiment as one leaving it at 0."""
+    from train.spec import RunSpec, identity_changes
+
+    spec = RunSpec.from_dict({"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "out_dir": "/tmp/x"}).to_dict()
+    older = {**spec, "train": {k: v for k, v in spec["train"].items() if k not in ("eval_every", "target_ppl")}}
+    assert identity_changes(older, spec) == []
+    changed = {**spec, "train": {**spec["train"], "eval_every": 4}}
+    assert identity_changes(older, changed) == ["train.eval_every: 0 -> 4"]

@@ -195,8 +195,11 @@ NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "tra
 
 
 def identity(spec: dict) -> dict:
-    """A spec (as a dict) flattened to dotted keys, less NOT_IDENTITY: what the run's result depends on."""
-    flat: dict = {}
+    """A spec (as a dict) flattened to dotted keys, less NOT_IDENTITY: what the run's result depends on. A train
+    key the spec lacks counts as its default, so a spec written before the key existed matches one that leaves
+    it at the default (a run directory from an earlier version stays reusable)."""
+    flat: dict = {f"train.{f.name}": list(f.default) if isinstance(f.default, tuple) else f.default
+                  for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
     for key, value in spec.items():
         for inner_key, inner in (value.items() if isinstance(value, dict) else [(None, value)]):
             name = key if inner_key is None else f"{key}.{inner_key}"
