@@ -185,7 +185,7 @@ def train(**spec):
 CASES = [
     # ---- configs: groups, keys, values
     ("unknown-sweep", launcher("sweep=nope"), "Could not find 'sweep/nope' (available sweep: agg_frequency, "
-                                              "batch_control_reference, batch_control_small, learn, "
+                                              "agg_tradeoff, batch_control_reference, batch_control_small, learn, "
                                               "paper_table3, paper_table4, precision_fp32, precision_paper, smoke",
      None),
     ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, slurm", None),
