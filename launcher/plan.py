@@ -9,7 +9,7 @@ from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
-from launcher.placement.steptime import Network, StepTime
+from launcher.placement.steptime import StepTime
 from launcher.prediction import Predictor
 from launcher.report.tables import oriented
 from launcher.secrets import redact, redacted
@@ -88,11 +88,11 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     return topo, source, usable, planned
 
 
-def step_of(predictor: Predictor, run: Run, layout: tuple, placement, topo: topology.Topology) -> StepTime:
+def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:
     """The step time of `run`'s model and batch in `layout` = (strategy, F, R, S, A) placed as `placement`."""
     t = run.spec.train
     return predictor.step(*layout, run.spec.model.llama_kwargs, comm_model(run), t.batch_per_rank, t.seq_len,
-                          t.precision, placement, topo)
+                          t.precision, placement)
 
 
 def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology, usable: list[str],
@@ -105,18 +105,18 @@ def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology,
     for n, run in first.items():
         layout = ("fsdp", 1, 1, n * G, None)
         placement, comm = planner.price(*layout, G, comm_model(run), topo, usable)
-        out[n] = comm, step_of(predictor, run, layout, placement, topo)
+        out[n] = comm, step_of(predictor, run, layout, placement)
     return out
 
 
 def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime], store: Store,
-          predictor: Predictor, topo: topology.Topology) -> PlanEntry:
+          predictor: Predictor) -> PlanEntry:
     """`fsdp`: FSDP's predicted communication and step on this run's node count (fsdp_baselines)."""
     run, placement = planned.run, planned.placement
     spec, cluster = run.spec, settings.cluster
     model = comm_model(run)
     predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
-    step = step_of(predictor, run, (spec.strategy, spec.F, spec.R, spec.S, spec.A), placement, topo)
+    step = step_of(predictor, run, (spec.strategy, spec.F, spec.R, spec.S, spec.A), placement)
     fsdp_s, fsdp_step = fsdp
     attempt = store.entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
@@ -153,13 +153,13 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     runs = expand(settings) if runs is None else runs
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
     topo, source, usable, planned = place_runs(settings, runs)
-    predictor = Predictor(settings)
+    predictor = Predictor(settings, topo)
     fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
-    entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor, topo) for p in planned]
+    entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor) for p in planned]
     widest = max(runs, key=lambda r: r.nodes)
     ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable,
-                                   step=lambda *layout: step_of(predictor, widest, layout[:5], layout[5], topo).step_s)
-    network = (predictor.network or Network.nominal(topo.bandwidth)).source
+                                   step=lambda layout, placement: step_of(predictor, widest, layout, placement).step_s)
+    network = predictor.network.source
     write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,

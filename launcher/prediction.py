@@ -37,13 +37,14 @@ def read_probe(path: Path) -> dict:
 
 
 class Predictor:
-    """Prices placed layouts; says where its numbers come from (network.source, Compute.source)."""
+    """Prices layouts placed on `topo`; says where its numbers come from (network.source, Compute.source)."""
 
-    def __init__(self, settings: Settings):
-        self.cluster = settings.cluster
+    def __init__(self, settings: Settings, topo: Topology):
+        self.cluster, self.topo = settings.cluster, topo
         path = probe_file(settings)
         self.probe = read_probe(path) if path else None
-        self.network = Network.from_probe(self.probe, f"probe {path}") if self.probe else None
+        self.network = (Network.from_probe(self.probe, f"probe {path}") if self.probe
+                        else Network.nominal(topo.bandwidth))
 
     def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str) -> Compute | None:
         """Measured by the probe for this (model, batch, precision), else estimated from peak_flops, else None."""
@@ -58,8 +59,7 @@ class Predictor:
         return None
 
     def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
-             batch: int, seq_len: int, precision: str, placement: Placement, topo: Topology) -> StepTime:
-        network = self.network or Network.nominal(topo.bandwidth)
-        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, load(placement, F, R, S, topo),
-                         network, self.compute(llama_kwargs, batch, seq_len, precision),
+             batch: int, seq_len: int, precision: str, placement: Placement) -> StepTime:
+        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, load(placement, F, R, S, self.topo),
+                         self.network, self.compute(llama_kwargs, batch, seq_len, precision),
                          overlap=self.cluster.device == "cuda")

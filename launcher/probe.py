@@ -59,8 +59,9 @@ def summarise(raw: dict, topo: dict) -> dict:
     shared the level's busiest link (flows) and so the link's own rate (busbw x flows: what one group alone
     would get) beside the points; the compute calibration as measured."""
     groups = level_groups(raw["hosts"], topo["parent"], topo["level"])
-    flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], topo["parent"],
-                               topo["level"]).values()) for name in groups}
+    tree = topology.from_json(topo)
+    flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], tree).values())
+             for name in groups}
     levels = []
     for row in raw["levels"]:
         try:

@@ -127,10 +127,10 @@ def _tree():
 def test_traffic_counts_groups_per_link():
     topo = _tree()
     # one 8-rank ring over both leaves crosses each node link and each trunk once
-    assert traffic([["a1", "a1", "a2", "a2", "b1", "b1", "b2", "b2"]], topo.parent, topo.level) == {0: 1, 1: 1}
+    assert traffic([["a1", "a1", "a2", "a2", "b1", "b1", "b2", "b2"]], topo) == {0: 1, 1: 1}
     # two FedAvg groups (one per shard index) over the four nodes: both on every link
-    assert traffic([["a1", "a2", "b1", "b2"]] * 2, topo.parent, topo.level) == {0: 2, 1: 2}
-    assert traffic([["a1", "a1"], ["a2", "a2"]], topo.parent, topo.level) == {-1: 1}
+    assert traffic([["a1", "a2", "b1", "b2"]] * 2, topo) == {0: 2, 1: 2}
+    assert traffic([["a1", "a1"], ["a2", "a2"]], topo) == {-1: 1}
 
 
 def test_load_of_placed_layouts():

@@ -3,7 +3,7 @@
 Every rank of the probe job measures at once, as training computes (ranks sharing a node's CPUs or memory
 bandwidth slow each other as they do in a step). Models with 1 and 2 decoder layers are timed, so the root
 (embeddings, lm_head) and one layer separate and a model of any depth is priced without building it whole
-(an 8B model's two-layer slice fits one GPU). 16-bit precisions compute in bf16 over fp32 weights ("paper":
+(Llama-3.1-8B's two-layer slice has 1.5 B parameters, ~24 GB with fp32 AdamW state, against 8 B). 16-bit precisions compute in bf16 over fp32 weights ("paper":
 bf16 weights too), as train.parallelize does.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ def _sync(device: str) -> None:
 def _time_one(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision: str, device: str,
               iters: int) -> list[float]:
     """Median forward, backward and optimizer seconds of a `layers`-layer model over `iters` steps."""
-    config = models.llama_config({**copy.deepcopy(llama_kwargs), "num_hidden_layers": layers})  # LlamaConfig
-    # edits nested dicts (rope_scaling) in place
+    # a copy: LlamaConfig edits nested dicts (rope_scaling) in place, and the workload must stay as the plan sent it
+    config = models.llama_config({**copy.deepcopy(llama_kwargs), "num_hidden_layers": layers})
     torch.manual_seed(0)
     model = models.build(config, device)
     if precision == "paper":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from . import presets
 from .errors import SpecError
 from .sections import ModelSection, reject_unknown
 
@@ -32,6 +33,6 @@ def count_params(model: torch.nn.Module) -> int:
 
 
 def flops_per_token(config: LlamaConfig, n_params: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 per matmul weight (embedding lookup excluded) plus attention scores."""
-    matmul_params = n_params - config.vocab_size * config.hidden_size
-    return 6 * matmul_params + 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    """Training FLOPs per token of this model (presets.flops_per_token)."""
+    return presets.flops_per_token(config.vocab_size, config.hidden_size, config.num_hidden_layers, n_params,
+                                   seq_len)

@@ -8,6 +8,12 @@ def llama3_rope(original_max: int) -> dict:
             "original_max_position_embeddings": original_max}
 
 
+def flops_per_token(vocab_size: int, hidden_size: int, layers: int, params: int, seq_len: int) -> float:
+    """Training FLOPs per token: 6 per matmul weight (embedding lookup excluded) plus attention scores. Pure
+    arithmetic, so the planner (launcher.placement.steptime) and the trainer's MFU share it."""
+    return 6 * (params - vocab_size * hidden_size) + 12 * layers * hidden_size * seq_len
+
+
 PRESETS: dict[str, dict] = {
     # Llama-3.1-8B: 8,030,261,248 parameters.
     "llama3_8b": dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,

@@ -3,6 +3,8 @@ many of a layout's concurrent communicators share the busiest link of the level 
 model divides a link's measured bandwidth by that count)."""
 from __future__ import annotations
 
+from launcher.placement.topology import Topology
+
 
 def level_groups(hosts: list[str], parent: dict[str, str], level: dict[str, int]) -> dict[str, list[list[int]]]:
     """Rank groups that communicate across each topology level, for ranks on `hosts` (rank -> node) under
@@ -42,25 +44,19 @@ def level_name(lv: int) -> str:
     return {-1: "node", 0: "leaf", 1: "spine"}.get(lv, f"level{lv}")
 
 
-def traffic(groups: list[list[str]], parent: dict[str, str], level: dict[str, int]) -> dict[int, int]:
+def traffic(groups: list[list[str]], topo: Topology) -> dict[int, int]:
     """{level: flows} for communicators that run at once, each given by its members' hosts: for every level a
     group crosses, the most groups crossing one link of it. A child's link up to a switch of level k is crossed
     by each group with members both below and outside the child (a ring crosses it once each way); level -1
     counts groups that stay inside one node, per node."""
-    def chain(host: str) -> list[str]:
-        out = [host]
-        while out[-1] in parent:
-            out.append(parent[out[-1]])
-        return out
-
     load: dict[tuple[int, str], int] = {}
     for hosts in (set(g) for g in groups if len(g) > 1):
-        chains = [chain(h) for h in hosts]
+        chains = [[h] + topo.ancestors(h) for h in hosts]
         if len(hosts) == 1:
             crossed = {(-1, chains[0][0])}
         else:
             shared = set.intersection(*(set(c) for c in chains))
-            crossed = {(level[c[i + 1]], c[i]) for c in chains for i in range(len(c) - 1) if c[i] not in shared}
+            crossed = {(topo.level[c[i + 1]], c[i]) for c in chains for i in range(len(c) - 1) if c[i] not in shared}
         for key in crossed:
             load[key] = load.get(key, 0) + 1
     out: dict[int, int] = {}

@@ -30,7 +30,7 @@ def price(strategy: str, F: int, R: int, S: int, A, G: int, model: Model, topo: 
 
 def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[str] | None = None,
                  As=AS, step=None) -> list[dict]:
-    """Fastest first by `step(strategy, F, R, S, A, placement)` seconds when given, else cheapest communication;
+    """Fastest first by `step((strategy, F, R, S, A), placement)` seconds when given, else cheapest communication;
     ratio_to_fsdp = this layout's communication / FSDP's on the same nodes (< 1: less than FSDP),
     speedup_over_fsdp = FSDP's predicted step / this layout's."""
     usable = topo.usable() if usable is None else usable
@@ -40,7 +40,7 @@ def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[
         rows.append({"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "predicted_comm_s": seconds,
                      **placement.bandwidth, "hierarchy_ok": placement.hierarchy_ok})
         if step is not None:
-            rows[-1]["predicted_step_s"] = step(strategy, F, R, S, A, placement)
+            rows[-1]["predicted_step_s"] = step((strategy, F, R, S, A), placement)
     fsdp = rows[0]
     for row in rows:
         row["ratio_to_fsdp"] = row["predicted_comm_s"] / fsdp["predicted_comm_s"] if fsdp["predicted_comm_s"] else None

@@ -22,6 +22,7 @@ from launcher.placement.alphabeta import COLLECTIVES, bus_factor
 from launcher.placement.costmodel import LLAMA_KEYS, Model, llama_params
 from launcher.placement.levels import level_name, traffic
 from launcher.placement.topology import Topology
+from train.presets import flops_per_token
 from train.spec import FEDAVG_CHUNK_BYTES
 
 ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
@@ -111,14 +112,13 @@ class Compute:
 
     @classmethod
     def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":
-        """6 FLOPs per matmul weight and token plus attention (train.model.flops_per_token), a third in
-        forward, at ASSUMED_MFU of peak; the optimizer is not estimated."""
+        """Training FLOPs per token (train.presets.flops_per_token), a third in forward, at ASSUMED_MFU of
+        peak; the optimizer is not estimated."""
         shapes = Shapes.of(llama_kwargs)
-        embedding = llama_kwargs["vocab_size"] * llama_kwargs["hidden_size"]
         params = shapes.root + shapes.layers * shapes.layer
-        hidden = llama_kwargs["hidden_size"]
-        flops = batch * seq_len * (6 * (params - embedding) + 12 * shapes.layers * hidden * seq_len)
-        seconds = flops / (peak_flops * ASSUMED_MFU)
+        per_token = flops_per_token(llama_kwargs["vocab_size"], llama_kwargs["hidden_size"], shapes.layers, params,
+                                    seq_len)
+        seconds = batch * seq_len * per_token / (peak_flops * ASSUMED_MFU)
         return cls(seconds / 3, 2 * seconds / 3, 0.0, f"estimated from peak_flops at {ASSUMED_MFU:.0%} MFU")
 
 
@@ -130,13 +130,12 @@ class StepTime:
     full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
     step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
     compute_source: str
-    network_source: str
 
 
 def load(placement: Placement, F: int, R: int, S: int, topo: Topology) -> dict[str, dict[int, int]]:
     """{group kind: {level: flows}} of a placed layout (levels.traffic of all its groups of that kind)."""
     rank = {c: r for r, c in enumerate(placement.coords)}
-    return {kind: traffic([[placement.hosts[rank[c]] for c in g] for g in groups], topo.parent, topo.level)
+    return {kind: traffic([[placement.hosts[rank[c]] for c in g] for g in groups], topo)
             for kind, groups in communicators(F, R, S).items()}
 
 
@@ -168,4 +167,4 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
     no_overlap = hidden + exposed_compute + shard + replicate + federation
     full_overlap = max(hidden, shard + replicate) + exposed_compute + federation
     return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
-                    full_overlap if overlap else no_overlap, source, network.source)
+                    full_overlap if overlap else no_overlap, source)
