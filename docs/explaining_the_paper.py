@@ -47,7 +47,8 @@ def network(node_link: float = 25 * GB) -> Network:
 def rows(compute: Compute, net: Network) -> list[tuple]:
     kwargs = PRESETS["llama3_8b"]
     model = model_from_preset(kwargs, "paper")
-    topo = topology.ideal(NODES, [1, 10, 180, 3420]).with_bandwidth([200 * GB, 12.5 * GB, 11.25 * GB, 11.25 * GB], "paper")
+    topo = topology.ideal(NODES, [1, 10, 180, 3420]).with_bandwidth(
+        [200 * GB, 12.5 * GB, 11.25 * GB, 11.25 * GB], "paper")
     out = []
     for strategy, (F, R, S) in LAYOUTS.items():
         A = PAPER_A if strategy.startswith("fl_") else None
@@ -61,8 +62,9 @@ def rows(compute: Compute, net: Network) -> list[tuple]:
 
 def table(title: str, compute: Compute, net: Network) -> str:
     lines = [f"**{title}**", "",
-             "| Strategy | measured step (s) | compute (s) | shard comm (s) | replicate comm (s) | FedAvg per step (s) "
-             "| no overlap (s) | full overlap = estimate (s) | explained | residual (s) | paper formulas, comm only (s) |",
+             "| Strategy | measured step (s) | compute (s) | shard comm (s) | replicate comm (s) "
+             "| FedAvg per step (s) | no overlap (s) | full overlap = estimate (s) | explained | residual (s) "
+             "| paper formulas, comm only (s) |",
              "|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for strategy, t, paper in rows(compute, net):
         m = MEASURED[strategy]

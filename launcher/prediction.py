@@ -50,7 +50,8 @@ class Predictor:
         """Measured by the probe for this (model, batch, precision), else estimated from peak_flops, else None."""
         wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, batch, seq_len, precision)
         for w in (self.probe or {}).get("compute", []):
-            if ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["batch_per_rank"], w["seq_len"], w["precision"]) == wanted:
+            have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["batch_per_rank"], w["seq_len"], w["precision"])
+            if have == wanted:
                 L = llama_kwargs["num_hidden_layers"]
                 per = {k: w["root"][k] + L * w["layer"][k] for k in w["root"]}
                 return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], "measured by the probe")

@@ -253,7 +253,6 @@ def test_an_empty_sweep_points_at_a_sweep_in_the_old_layout(tmp_path):
 
 def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     from launcher.report.prediction import order_note, prediction_table
-
     from tests.support import make_result
 
     results = [make_result(run_id="fsdp-F1-R1-S4", train_time_s=8.0, steps=8),  # 1.0 s/step
@@ -296,7 +295,6 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
 
 def test_time_to_target_columns_and_eval_plot(tmp_path):
     from launcher.report.plots import plots as draw
-
     from tests.support import make_result
 
     history = [[4, 2.0, 300.0], [8, 4.0, 90.0]]

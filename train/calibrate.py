@@ -3,8 +3,8 @@
 Every rank of the probe job measures at once, as training computes (ranks sharing a node's CPUs or memory
 bandwidth slow each other as they do in a step). Models with 1 and 2 decoder layers are timed, so the root
 (embeddings, lm_head) and one layer separate and a model of any depth is priced without building it whole
-(Llama-3.1-8B's two-layer slice has 1.5 B parameters, ~24 GB with fp32 AdamW state, against 8 B). 16-bit precisions compute in bf16 over fp32 weights ("paper":
-bf16 weights too), as train.parallelize does.
+(Llama-3.1-8B's two-layer slice has 1.5 B parameters, ~24 GB with fp32 AdamW state, against 8 B).
+16-bit precisions compute in bf16 over fp32 weights ("paper": bf16 weights too), as train.parallelize does.
 """
 from __future__ import annotations
 

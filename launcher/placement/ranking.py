@@ -45,5 +45,6 @@ def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[
     for row in rows:
         row["ratio_to_fsdp"] = row["predicted_comm_s"] / fsdp["predicted_comm_s"] if fsdp["predicted_comm_s"] else None
         if step is not None:
-            row["speedup_over_fsdp"] = fsdp["predicted_step_s"] / row["predicted_step_s"] if row["predicted_step_s"] else None
+            row["speedup_over_fsdp"] = (fsdp["predicted_step_s"] / row["predicted_step_s"]
+                                        if row["predicted_step_s"] else None)
     return sorted(rows, key=lambda row: row["predicted_step_s" if step is not None else "predicted_comm_s"])

@@ -35,7 +35,7 @@ def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
                   ["run_id", "predicted_step_s", "measured_step_s", "measured_step_std_s", "runs", "error_pct",
                    "predicted_full_overlap_s", "predicted_no_overlap_s", "predicted_compute_s",
                    "predicted_shard_comm_s", "predicted_replicate_comm_s", "predicted_federation_comm_s"],
-                  rows, ["text", "auto", "auto", "auto", "auto", "fixed", "auto", "auto", "auto", "auto", "auto", "auto"])
+                  rows, ["text"] + ["auto"] * 4 + ["fixed"] + ["auto"] * 6)
     unknown = [source for source in sources if source.startswith("unknown")]
     if unknown:
         table.notes.append(f"Compute was unknown when {len(unknown)} of these were planned (no probe, no peak_flops): "
@@ -75,8 +75,8 @@ def prediction_plot(table: Table, path: Path) -> Path:
     values = [v for row in table.rows for v in (row[1], row[2])]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x")
-    ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)], [lo * (1 + TOLERANCE), hi * (1 + TOLERANCE)],
-                    color="grey", alpha=0.2, label=f"±{TOLERANCE:.0%}")
+    ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)],
+                    [lo * (1 + TOLERANCE), hi * (1 + TOLERANCE)], color="grey", alpha=0.2, label=f"±{TOLERANCE:.0%}")
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel="measured step (s)",
            ylabel="predicted step (s)", title="Step time: predicted vs measured")
     ax.legend(fontsize=6)
