@@ -78,11 +78,15 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
                           "(slurm/capture.sh) or run where scontrol works")
     # pinned jobs name their nodes, which must be free now; in-job placement happens on what SLURM gives.
     usable = topo.usable(now=settings.cluster.placement == "pinned")
-    count_leaves = settings.cluster.executor == "slurm" and real  # for --switches: SLURM's own tree only
+    slurm_order = settings.cluster.placement == "slurm"
+    # --switches on SLURM's own tree only, and not when SLURM's order is kept: the paper asked for no switches
+    count_leaves = settings.cluster.executor == "slurm" and real and not slurm_order
     planned = []
     for run in runs:
-        s = run.spec
-        placement = allocate.place(s.F, s.R, s.S, settings.cluster.gpus_per_node, topo, usable)
+        s, G = run.spec, settings.cluster.gpus_per_node
+        placement = allocate.place(s.F, s.R, s.S, G, topo, usable)
+        if slurm_order:
+            placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
         leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
         planned.append(PlannedRun(run, placement, leaves))
     return topo, source, usable, planned

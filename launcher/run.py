@@ -64,7 +64,7 @@ class Sweeper:
         job = submit(self.cluster, planned, spec_path, attempt_folder(run_dir, attempt),
                      self.settings.sweep_dir / "topology.json")
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
-                          cluster=self.cluster.name)
+                          cluster=self.cluster.name, rank_order=self.cluster.rank_order)
         self._watch(run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
 
@@ -188,7 +188,8 @@ def run_sweep(settings: Settings) -> int:
     runs = expand(settings)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
-    Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name)
+    Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name,
+                                                        settings.cluster.rank_order)
     with SweepLock(settings.sweep_dir):
         planned, _ = plan(settings, runs, echo=False)
         sweeper = Sweeper(settings)

@@ -18,6 +18,9 @@ from train.sections import reject_unknown
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ACTIONS = ("run", "plan", "report", "probe")
+# in_job: ranks ordered by topology at job start; pinned: nodes and rank order chosen at submission;
+# slurm: SLURM's own node and rank order kept (the paper's runs; the placement ablation's baseline)
+PLACEMENTS = ("in_job", "pinned", "slurm")
 
 
 @dataclass
@@ -49,6 +52,11 @@ class Cluster:
     network: dict | None = None   # the testbed's network description (slurm/testbed/testbed.py)
 
     @property
+    def rank_order(self) -> str:
+        """Who orders the ranks: fedshard's placement (in_job, pinned) or SLURM (slurm); part of a run's identity."""
+        return "slurm" if self.placement == "slurm" else "topology"
+
+    @property
     def bandwidth(self) -> list[float]:
         """Per-level bandwidth in bytes/s."""
         return [b * 1e9 for b in self.bandwidth_GBps]
@@ -77,8 +85,8 @@ class Cluster:
         self.setup = [command for command in commands if command]
         if self.topology not in ("auto", "live", "ideal"):
             raise ConfigError(f"cluster.topology must be auto, live or ideal, got {self.topology!r}")
-        if self.placement not in ("in_job", "pinned"):
-            raise ConfigError(f"cluster.placement must be in_job or pinned, got {self.placement!r}")
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"cluster.placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
         if self.executor == "slurm" and not self.partition:
             raise ConfigError(f"cluster {self.name!r} has no partition: set cluster.partition=NAME "
                               f"(see `sinfo -s` for the partitions you can use)")

@@ -43,16 +43,16 @@ class Store:
     def finished(self, run_id: str) -> bool:
         return self.state(run_id) == "COMPLETED" and (self.sweep_dir / run_id / "result.json").exists()
 
-    def check_same_experiment(self, specs: list, cluster: str) -> None:
+    def check_same_experiment(self, specs: list, cluster: str, rank_order: str) -> None:
         """Refuse, before anything is submitted, run directories left by another experiment: reusing their
-        results (or resuming their checkpoints) would report one experiment under another's name."""
+        results (or resuming their checkpoints) would report one experiment under another's name. Besides the
+        spec, a run is of its cluster and of its rank order (rank_order: topology or slurm)."""
         clashes = []
         for spec in specs:
             run_dir = self.sweep_dir / spec.run_id
-            changes = []
-            earlier_cluster = self.entries.get(spec.run_id, {}).get("cluster")
-            if earlier_cluster not in (None, cluster):
-                changes.append(f"cluster: {earlier_cluster!r} -> {cluster!r}")
+            entry = self.entries.get(spec.run_id, {})
+            changes = [f"{key}: {entry[key]!r} -> {now!r}" for key, now in (("cluster", cluster),
+                       ("rank_order", rank_order)) if entry.get(key) not in (None, now)]
             if (run_dir / "spec.json").exists():
                 try:  # read back as a spec, so that defaults filled in since compare equal
                     earlier = RunSpec.load(run_dir / "spec.json").to_dict()

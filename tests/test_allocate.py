@@ -45,6 +45,22 @@ def test_assess_flags_a_placement_that_breaks_the_ordering():
     assert p.bandwidth["B_R"] == 6e9 and p.bandwidth["B_F"] == 25e9 and not p.hierarchy_ok
 
 
+def test_slurm_order_is_name_order_across_leaves_as_on_the_testbed():
+    # The testbed's numbering: leaf1 holds tb2, tb4 and leaf2 tb1, tb3, so name order alternates leaves.
+    topo = topology.from_switches([Switch("leaf1", 0, 1, ["tb2", "tb4"], [], {}),
+                                   Switch("leaf2", 0, 1, ["tb1", "tb3"], [], {}),
+                                   Switch("spine", 1, 1, ["tb1", "tb2", "tb3", "tb4"], ["leaf1", "leaf2"], {})])
+    topo.with_bandwidth([3.0, 2.0, 1.0], "bw")
+    placed = allocate.place(2, 2, 2, 2, topo)  # FL+HSDP: each federation group under one leaf
+    assert placed.hosts[:4] == ["tb2", "tb2", "tb4", "tb4"] and placed.bandwidth == {"B_S": 3.0, "B_R": 2.0,
+                                                                                     "B_F": 1.0}
+    slurm = allocate.in_slurm_order(placed, 2, 2, 2, 2, topo)
+    assert slurm.nodes == ["tb1", "tb2", "tb3", "tb4"] and slurm.hosts[:4] == ["tb1", "tb1", "tb2", "tb2"]
+    # Replicas now cross the spine and the federation stays in a leaf: B_R < B_F, the paper's situation.
+    assert slurm.bandwidth == {"B_S": 3.0, "B_R": 1.0, "B_F": 2.0} and not slurm.hierarchy_ok
+    assert sorted(["n10", "n9", "n1"], key=allocate._name_key) == ["n1", "n9", "n10"]
+
+
 @pytest.mark.parametrize("switches,message", [
     ([Switch("a", 0, 1, ["n1", "n2"], [], {}), Switch("b", 0, 1, ["n2"], [], {})], "n2 is under two leaf"),
     ([Switch("a", 0, 1, ["n1"], [], {}), Switch("top", 1, 1, ["n1"], ["a", "ghost"], {})], "unknown child"),

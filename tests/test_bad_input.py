@@ -207,7 +207,8 @@ CASES = [
     ("bad-retries", launcher("retries=-1"), "retries must be an integer >= 0, got -1", None),
     ("bad-train-value", launcher("train.lr=-1"), "train.lr must be > 0", None),
     ("bad-executor", launcher("cluster.executor=pbs"), "cluster.executor must be local or slurm, got 'pbs'", None),
-    ("bad-placement-mode", launcher("cluster.placement=random"), "cluster.placement must be in_job or pinned", None),
+    ("bad-placement-mode", launcher("cluster.placement=random"),
+     "cluster.placement must be one of in_job, pinned, slurm", None),
     ("probe-iters-zero", launcher("action=probe", "probe.iters=0"), "probe.iters must be an integer >= 1, got 0",
      None),
     ("probe-unknown-key", launcher("action=probe", "+probe.sizes=4"), "unknown probe key(s): sizes", None),
@@ -363,6 +364,9 @@ CASES = [
      "1 more run(s) differ too: use another results_dir, or delete these run directories to run afresh",
      earlier_run("model=small")),
     ("other-experiment-train-key", launcher("train.steps=9"), "(train.steps: 6 -> 9)", earlier_run()),
+    ("other-experiment-rank-order", launcher("cluster.placement=slurm"), "(rank_order: 'topology' -> 'slurm')",
+     results_file("manifest.jsonl", '{"run_id": "fsdp-F1-R1-S4", "attempts": 1, "state": "COMPLETED", '
+                                    '"cluster": "local", "rank_order": "topology"}\n')),
     # ---- rendezvous (loopback only)
     ("rendezvous-unreachable", train(**FL2), "rank 1 of 2: nothing answers at the rendezvous tcp://127.0.0.1:{port} "
                                              "(rank 0's address, from MASTER_ADDR/MASTER_PORT) after "

@@ -7,12 +7,14 @@ import sys
 from launcher.placement import topology
 from launcher.plan import place_runs
 from launcher.settings import compose
+from launcher.slurm.injob import PlacedTrainJob
 from launcher.slurm.parse import Switch
-from launcher.slurm.submit import slurm_parameters
+from launcher.slurm.submit import entrypoint, slurm_parameters
 from launcher.sweep import expand
 from tests.support import clean_env
 from tests.test_allocate import FIXTURES
 from tests.test_entrypoint import _spec
+from train.job import TrainJob
 from train.result import RunResult
 
 
@@ -50,6 +52,21 @@ def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
     assert "switches" not in params.get("additional_parameters", {})  # pinned nodes need no --switches
 
 
+def test_slurm_mode_keeps_srun_order_and_asks_for_no_switches(tmp_path):
+    shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
+    shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
+    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=slurm", "cluster.nodes=8",
+                        f"cluster.snapshot={tmp_path}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
+                        f"results_dir={tmp_path}"])
+    planned = place_runs(settings, expand(settings))[3]
+    params = slurm_parameters(settings.cluster, planned[3])
+    assert planned[3].leaves is None and "switches" not in params.get("additional_parameters", {})
+    assert "nodelist" not in params and "srun_args" not in params
+    assert planned[3].placement.nodes == sorted(planned[3].placement.nodes)  # name order, rank k on node k // G
+    job = entrypoint(settings.cluster, planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
+    assert type(job) is TrainJob  # not PlacedTrainJob: SLURM_PROCID is the rank
+
+
 def test_in_job_mode_asks_for_the_leaves_the_plan_spans(tmp_path):
     shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
     shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
@@ -59,3 +76,5 @@ def test_in_job_mode_asks_for_the_leaves_the_plan_spans(tmp_path):
     params = slurm_parameters(settings.cluster, planned[3])
     assert planned[3].leaves == 2
     assert params["additional_parameters"]["switches"] == "2@05:00" and "nodelist" not in params
+    job = entrypoint(settings.cluster, planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
+    assert type(job) is PlacedTrainJob

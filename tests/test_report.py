@@ -293,6 +293,14 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     assert prediction_table(results, blind).notes[0].startswith("Compute was unknown when 1 of these were planned")
 
 
+def test_pareto_front_keeps_runs_nothing_beats_on_speed_and_quality():
+    from launcher.report.plots import pareto_front
+
+    points = [(100.0, 6.0, "fsdp"), (150.0, 6.2, "fl A=4"), (140.0, 6.3, "fl A=2"), (200.0, 6.5, "fl A=64"),
+              (200.0, 6.4, "fl A=8"), (90.0, 6.0, "hsdp")]
+    assert [p[2] for p in pareto_front(points)] == ["fl A=8", "fl A=4", "fsdp"]
+
+
 def test_time_to_target_columns_and_eval_plot(tmp_path):
     from launcher.report.plots import plots as draw
     from tests.support import make_result
@@ -308,6 +316,7 @@ def test_time_to_target_columns_and_eval_plot(tmp_path):
     assert "Time to target (s)" not in table3([make_result()]).columns
     written = draw(tmp_path, results)
     assert (tmp_path / "eval_vs_time.png") in written and (tmp_path / "eval_vs_time.png").read_bytes()[:8] == PNG
+    assert (tmp_path / "speed_vs_quality.png").read_bytes()[:8] == PNG
     # repeats: one that never reached the target makes the configuration's time null, not the other's time
     reps = [make_result(run_id=f"fsdp-F1-R1-S4-rep{i}", target_ppl=100.0, time_to_target_s=t)
             for i, t in ((1, 5.0), (2, None))]

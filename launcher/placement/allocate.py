@@ -9,6 +9,7 @@ traffic between groups also crosses as few levels as possible.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
@@ -60,6 +61,19 @@ def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | No
     nodes = [n for unit in chosen for n in unit]
     hosts = [nodes[rank // G] for rank in range(F * R * S)]
     return assess(F, R, S, hosts, topo, nodes=nodes)
+
+
+def in_slurm_order(placement: Placement, F: int, R: int, S: int, G: int, topo: Topology) -> Placement:
+    """The same nodes with ranks in SLURM's own order (cluster.placement=slurm, what the paper ran): srun's block
+    distribution fills nodes in the job's node order, which is node-name order on clusters that list their
+    nodes by name, whatever the switches they hang from."""
+    nodes = sorted(placement.nodes, key=_name_key)
+    return assess(F, R, S, [nodes[rank // G] for rank in range(F * R * S)], topo, nodes=nodes)
+
+
+def _name_key(node: str) -> list:
+    """tb2 < tb10: digit runs compare as numbers, as SLURM's hostlists do."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", node) if part]
 
 
 def communicators(F: int, R: int, S: int) -> dict[str, list[list[tuple]]]:

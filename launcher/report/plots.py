@@ -1,5 +1,6 @@
 """ppl_vs_time.png and phases.png from a sweep's results and metrics.jsonl files; eval_vs_time.png from the
-results' evaluation histories when runs evaluated during training (train.eval_every)."""
+results' evaluation histories when runs evaluated during training (train.eval_every), and speed_vs_quality.png
+(throughput against final perplexity, the Pareto front drawn) when the runs learned that far."""
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")  # cluster nodes have no display
 import matplotlib.pyplot as plt  # noqa: E402
 
+from launcher.report.results import group_repeats  # noqa: E402
 from launcher.report.tables import paper_order  # noqa: E402
 from train.result import PHASES, RunResult  # noqa: E402
 
@@ -66,7 +68,33 @@ def plots(sweep_dir: Path, results: list[RunResult]) -> list[Path]:
     written.append(save_png(fig, sweep_dir / "phases.png"))
     if any(len(r.eval_history) > 1 for r in results):
         written.append(eval_plot(results, sweep_dir / "eval_vs_time.png"))
+        written.append(front_plot(results, sweep_dir / "speed_vs_quality.png"))
     return written
+
+
+def pareto_front(points: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """(throughput, perplexity, label) points no other point beats on both (faster and at least as good, or as
+    fast and better), fastest first: the layouts a user picks from."""
+    front, best = [], float("inf")
+    for point in sorted(points, key=lambda p: (-p[0], p[1])):
+        if point[1] < best:
+            front.append(point)
+            best = point[1]
+    return front
+
+
+def front_plot(results: list[RunResult], path: Path) -> Path:
+    """Throughput against final eval perplexity, a point per run (repeats averaged), the Pareto front joined."""
+    points = [(row["tokens_per_s"], row["eval_ppl"], row["run_id"]) for row in group_repeats(results)]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, (x, y, label) in enumerate(points):
+        ax.plot([x], [y], linestyle="none", marker=MARKERS[i % len(MARKERS)], label=label)
+    front = pareto_front(points)
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linewidth=1, label="Pareto front")
+    ax.set(xlabel="throughput (tokens/s)", ylabel="final eval perplexity",
+           title="Speed against quality (lower right is better)")
+    ax.legend(fontsize=6, ncol=2)
+    return save_png(fig, path)
 
 
 def eval_plot(results: list[RunResult], path: Path) -> Path:

@@ -106,14 +106,19 @@ def make_executor(cluster: Cluster, planned: PlannedRun, folder: Path):
     return executor
 
 
+def entrypoint(cluster: Cluster, planned: PlannedRun, spec_path: Path, topology_path: Path) -> TrainJob:
+    """What every task runs: ranks reordered at job start when placed by topology on a known tree (in_job),
+    else the scheduler's rank (pinned: its hostfile orders them; slurm: SLURM's own order is the point)."""
+    if cluster.executor == "slurm" and cluster.placement == "in_job" and planned.leaves:
+        return PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
+    return TrainJob(str(spec_path))
+
+
 def submit(cluster: Cluster, planned: PlannedRun, spec_path: Path, folder: Path, topology_path: Path):
     """Submit one run; a pinned run's hostfile is written (atomically) before its job exists."""
-    job = TrainJob(str(spec_path))
     if cluster.executor == "slurm" and cluster.placement == "pinned":
         write_atomic(hostfile_path(planned.run), planned.placement.hostfile())
-    elif cluster.executor == "slurm" and planned.leaves:  # the real topology is known: order ranks at job start
-        job = PlacedTrainJob(str(spec_path), str(topology_path), cluster.gpus_per_node)
-    return make_executor(cluster, planned, folder).submit(job)
+    return make_executor(cluster, planned, folder).submit(entrypoint(cluster, planned, spec_path, topology_path))
 
 
 class ReattachedLocalJob(submitit.LocalJob):
