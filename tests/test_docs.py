@@ -1,4 +1,5 @@
-"""Pages that quote a script's output must quote what the script prints today."""
+"""Pages that quote a script's output must quote what the script prints today, and links must resolve on a
+fresh clone."""
 import subprocess
 import sys
 from pathlib import Path
@@ -12,3 +13,22 @@ def test_explaining_the_paper_quotes_its_script():
     page = (ROOT / "docs" / "explaining-the-paper.md").read_text()
     missing = [line for line in out.splitlines() if line.strip() and line not in page]
     assert not missing, f"docs/explaining-the-paper.md is stale; rerun the script and paste: {missing[:3]}"
+
+
+def test_links_in_the_docs_point_to_committed_files():
+    """A page (README, docs, committed results) linking a file git does not track is broken on a fresh clone."""
+    import re
+
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                                 check=True).stdout.splitlines())
+    folders = {str(p) for f in tracked for p in Path(f).parents}
+    pages = [p for p in tracked if p.endswith(".md")]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", (ROOT / page).read_text()):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path = str((ROOT / page).parent.joinpath(target).resolve().relative_to(ROOT))
+            if path not in tracked and path not in folders:
+                broken.append(f"{page} -> {target}")
+    assert not broken, f"links to files git does not track: {broken[:5]}"
