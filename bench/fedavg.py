@@ -22,7 +22,8 @@ from train.loop import Trainer
 from train.spec import RunSpec
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
+    """Seconds of fn() on every rank between two barriers."""
     dist.barrier()
     t = time.perf_counter()
     fn()
@@ -42,7 +43,7 @@ def _worker(rank, world, spec_dict, rounds):
     for i in range(rounds):
         pair = [(ours, fedavg.average), (base, lambda: dist.all_reduce(flat, group=fedavg.fed_group))]
         for times, fn in pair[::1 if i % 2 else -1]:
-            times.append(_timed(fn))
+            times.append(timed(fn))
     return numel * flat.element_size(), statistics.median(ours[1:]), statistics.median(base[1:])
 
 

@@ -64,8 +64,8 @@ class PlanEntry:
 
 def comm_model(run: Run) -> Model:
     """Bytes the cost model moves: the run's Llama shapes in its communication precision."""
-    return model_from_preset(run.spec.model.llama_kwargs, run.spec.train.precision,
-                             run.spec.train.average_optimizer_state)
+    t = run.spec.train
+    return model_from_preset(run.spec.model.llama_kwargs, t.precision, t.average_optimizer_state, t.aggregation_dtype)
 
 
 def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str], list[PlannedRun]]:

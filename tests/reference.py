@@ -1,4 +1,9 @@
-"""Single-process reference: F plain models, each trained on its group's global batch, FedAvg every A steps."""
+"""Single-process reference: F plain models, each trained on its group's global batch, FedAvg every A steps.
+
+With train.outer=diloco, DiLoCo's Nesterov outer step in its textbook form; with aggregation_dtype=bf16, the
+pseudo-gradients rounded to bf16 before and after their fp32 mean, as train.compress sends them; streamed
+(outer_fragments, outer_delay), one fragment launched every A/N steps and merged τ steps later, local
+progress kept."""
 from __future__ import annotations
 
 import copy
@@ -7,6 +12,7 @@ import torch
 
 from train import data, optim
 from train import model as models
+from train.outer import split
 from train.spec import RunSpec
 
 
@@ -20,6 +26,12 @@ class Reference:
         self.models = [copy.deepcopy(base) for _ in range(spec.F)]
         self.optimizers = [optim.adamw(m.parameters(), cfg) for m in self.models]
         self.schedules = [optim.schedule(o, cfg) for o in self.optimizers]
+        self.synced = [p.detach().clone() for p in base.parameters()]
+        self.momentum = [torch.zeros_like(p) for p in self.synced]
+        if spec.federated:
+            self.fragments = split([p.numel() for p in self.synced], cfg.outer_fragments)
+            self.period = spec.A // cfg.outer_fragments
+        self.pending = None  # (tensor indices, every group's pseudo-gradients, the step it lands after)
 
     def step(self, i: int) -> None:
         spec, cfg = self.spec, self.spec.train
@@ -31,8 +43,19 @@ class Reference:
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
-        if spec.federated and (i + 1) % spec.A == 0:
-            self.average()
+        if not spec.federated:
+            return
+        done = i + 1
+        if not cfg.streamed:
+            if done % spec.A == 0:
+                self.average()
+            return
+        if self.pending is not None and self.pending[2] == done:
+            self._land()
+        if done % self.period == 0:
+            self._launch(self.fragments[(done // self.period - 1) % len(self.fragments)], done + cfg.outer_delay)
+            if not cfg.outer_delay:
+                self._land()
 
     @torch.no_grad()
     def average(self) -> None:
@@ -40,7 +63,36 @@ class Reference:
         if self.spec.train.average_optimizer_state:
             for key in ("exp_avg", "exp_avg_sq"):
                 groups.append([tuple(o.state[p][key] for o, p in zip(self.optimizers, ps)) for ps in groups[0]])
-        for tensors in (ts for group in groups for ts in group):
+        cfg = self.spec.train
+        plain = cfg.outer == "fedavg" and cfg.aggregation_dtype == "fp32"
+        for tensors in (ts for group in (groups if plain else groups[1:]) for ts in group):
             mean = sum(tensors) / len(tensors)
             for t in tensors:
                 t.copy_(mean)
+        if not plain:
+            self._launch(list(range(len(self.synced))), None)
+            self._land()
+
+    def _launch(self, indices: list[int], lands_after: int | None) -> None:
+        params = [list(m.parameters()) for m in self.models]
+        self.pending = (indices, {i: [self.synced[i] - ps[i].detach() for ps in params] for i in indices}, lands_after)
+
+    @torch.no_grad()
+    def _land(self) -> None:
+        cfg = self.spec.train
+        indices, own, _ = self.pending
+        self.pending = None
+        lr, mu = (cfg.outer_lr, cfg.outer_momentum) if cfg.outer == "diloco" else (1.0, 0.0)
+        wire = torch.bfloat16 if cfg.aggregation_dtype == "bf16" else torch.float32  # int8: not emulated
+        params = [list(m.parameters()) for m in self.models]
+        for i in indices:
+            sent = [d.to(wire).float() for d in own[i]]
+            delta = (sum(sent) / len(sent)).to(wire).float()  # the mean of the groups' pseudo-gradients
+            self.momentum[i].mul_(mu).add_(delta)
+            new = self.synced[i] - lr * (delta + mu * self.momentum[i])
+            for ps, mine in zip(params, own[i]):
+                if cfg.outer_delay:  # keep what the steps since the launch changed: + new - (synced - own)
+                    ps[i].add_(new - self.synced[i] + mine)
+                else:
+                    ps[i].copy_(new)
+            self.synced[i] = new

@@ -185,9 +185,9 @@ def train(**spec):
 CASES = [
     # ---- configs: groups, keys, values
     ("unknown-sweep", launcher("sweep=nope"), "Could not find 'sweep/nope' (available sweep: agg_frequency, "
-                                              "agg_tradeoff, batch_control_reference, batch_control_small, learn, "
-                                              "paper_table3, paper_table4, placement_ablation, precision_fp32, "
-                                              "precision_paper, smoke",
+                                              "agg_tradeoff, batch_control_reference, batch_control_small, diloco, "
+                                              "diloco_int8, diloco_reference, learn, paper_table3, paper_table4, "
+                                              "placement_ablation, precision_fp32, precision_paper, smoke",
      None),
     ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, slurm", None),
     ("unknown-model", launcher("model=nope"), "available model: llama3_8b, mini, small, tiny", None),
@@ -213,6 +213,19 @@ CASES = [
     ("probe-iters-zero", launcher("action=probe", "probe.iters=0"), "probe.iters must be an integer >= 1, got 0",
      None),
     ("probe-unknown-key", launcher("action=probe", "+probe.sizes=4"), "unknown probe key(s): sizes", None),
+    ("outer-unknown", launcher("train.outer=adam"), "train.outer must be one of fedavg, diloco, got 'adam'", None),
+    ("outer-lr-zero", launcher("train.outer_lr=0"), "train.outer_lr must be a number > 0, got 0", None),
+    ("outer-momentum-one", launcher("train.outer_momentum=1"), "train.outer_momentum must be in [0, 1), got 1", None),
+    ("aggregation-dtype-unknown", launcher("train.aggregation_dtype=fp8"),
+     "train.aggregation_dtype must be one of fp32, bf16, int8, got 'fp8'", None),
+    ("int8-with-averaged-moments", launcher("train.aggregation_dtype=int8", "+train.average_optimizer_state=true"),
+     "train.aggregation_dtype=int8 compresses pseudo-gradients, which optimizer moments have none of", None),
+    ("fragments-not-dividing-A", launcher("train.outer_fragments=3"),
+     "train.outer_fragments=3 must divide A=2: one fragment is synced every A/N steps", None),
+    ("delay-not-below-period", launcher("train.outer_delay=2"),
+     "train.outer_delay=2 must be < A/outer_fragments = 2 steps: a fragment's exchange must land before", None),
+    ("streamed-with-evaluations", launcher("train.outer_fragments=2", "train.eval_every=2"),
+     "train.eval_every=2 needs every group to hold the same model, which with train.outer_fragments=2", None),
     ("eval-every-not-multiple-of-A", launcher("train.eval_every=3"),
      "train.eval_every=3 must be a multiple of A=2 for fl_fsdp", None),
     ("target-ppl-not-a-perplexity", launcher("train.target_ppl=0.5"),

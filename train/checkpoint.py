@@ -1,6 +1,6 @@
-"""Sharded checkpoints for exact resume: model and optimizer through torch.distributed.checkpoint, plus
-a `TrainState` (the LR schedule, step, FedAvg count and RNG state). A `Checkpointer` owns them: which is
-the latest, when one is due, save, load and retention.
+"""Sharded checkpoints for exact resume: model, optimizer (and DiLoCo's outer state) through
+torch.distributed.checkpoint, plus a `TrainState` (the LR schedule, step, FedAvg count and RNG state). A
+`Checkpointer` owns them: which is the latest, when one is due, save, load and retention.
 
 Storage does not grow with F where it need not: right after a FedAvg every federation group holds the
 same parameters, so they are stored once (DCP keeps one copy of each shard). What really differs per
@@ -66,6 +66,9 @@ class Checkpointer:
         self.identity = identity(spec.to_dict())  # what the run's result depends on: a resume must match it
         self.every, self.keep = spec.train.checkpoint_every, spec.train.keep_checkpoints
         self.A = spec.A  # None unless federated (RunSpec.validate)
+        self.streamed = spec.federated and spec.train.streamed
+        if self.streamed:  # a fragment launched every `period` steps lands `delay` steps later
+            self.period, self.delay = spec.A // spec.train.outer_fragments, spec.train.outer_delay
         self.average_optimizer_state = spec.train.average_optimizer_state
         self.rank = rank
         self.group = f"fed{coords(rank, spec.F, spec.R, spec.S)[0]}"  # this rank's key for per-group parts
@@ -85,6 +88,11 @@ class Checkpointer:
             return True
         if self.A is None:
             return steps_done % self.every == 0
+        if self.streamed:  # the first step at or after each multiple of `every` with no exchange in flight
+            residue = steps_done % self.period  # 0: just launched; below `delay`: in flight; `delay`: landed
+            quiet = not self.delay or residue >= self.delay
+            previous = steps_done - 1 - (self.delay if self.delay and residue == self.delay else 0)  # quiet too
+            return quiet and steps_done // self.every > max(previous, 0) // self.every
         return steps_done % self.A == 0 and steps_done // self.every > (steps_done - self.A) // self.every
 
     def per_group(self, steps_done: int) -> list[str]:
@@ -93,17 +101,21 @@ class Checkpointer:
         step, `FedAvg.due`) has just made it identical."""
         if self.A is None:
             return []
+        if self.streamed:  # fragments are synced at different steps: the groups never hold the same model
+            return ["model", "optim"]
         parts = [] if self.average_optimizer_state else ["optim"]
         return parts if steps_done % self.A == 0 else ["model", "optim"]
 
-    def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts_per_group: list[str]) -> dict:
+    def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts_per_group: list[str],
+               outer: dict) -> dict:
         """This rank's shards, each part under a shared key or its federation group's key.
 
         Every group's DTensors cover the same global tensors with the same offsets: under a shared key DCP
-        writes one copy (and hands it to every group on load), under `fed<f>` one copy per group.
+        writes one copy (and hands it to every group on load), under `fed<f>` one copy per group. The outer
+        optimizer's state (DiLoCo's synchronized copy and momentum) is the same in every group: shared.
         """
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        state: dict = {}
+        state: dict = {"outer": outer} if outer else {}
         for part, sd in (("model", model_sd), ("optim", optim_sd)):
             if part in parts_per_group:
                 state.setdefault(self.group, {})[part] = sd
@@ -111,9 +123,10 @@ class Checkpointer:
                 state[part] = sd
         return state
 
-    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> Path:
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+             fedavg=None) -> Path:
         """Checkpoint after `state.step` steps (collective: every rank calls it), then drop all but the
-        newest `keep` checkpoints."""
+        newest `keep` checkpoints. `fedavg` (train.federated or train.outer) adds its outer state."""
         final = self.root / f"{PREFIX}{state.step:06d}"
         tmp = final.with_name(f".{final.name}.tmp")
         if self.rank == 0:
@@ -121,7 +134,8 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         dist.barrier()
         parts_per_group = self.per_group(state.step)
-        dcp.save(self._state(model, optimizer, parts_per_group), checkpoint_id=str(tmp))
+        outer = fedavg.outer_state() if fedavg is not None else {}
+        dcp.save(self._state(model, optimizer, parts_per_group, outer), checkpoint_id=str(tmp))
         train_state = state.state_dict()
         torch.save({"rng": train_state["rng"]}, tmp / f"rank{self.rank}.pt")
         dist.barrier()
@@ -136,7 +150,8 @@ class Checkpointer:
         dist.barrier()
         return final
 
-    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState) -> None:
+    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+             fedavg=None) -> None:
         """Restore everything `save` wrote; refuse a checkpoint written with another layout, or by a spec that
         differs in anything the result depends on (a changed `steps` would resume on the old LR schedule)."""
         meta = json.loads((path / "meta.json").read_text())
@@ -147,8 +162,11 @@ class Checkpointer:
         if changes:
             raise SpecError(f"checkpoint {path} was written by another spec ({', '.join(changes)}); resuming it would "
                             f"mix two experiments: use a new out_dir, or delete {self.root} to start afresh")
-        shards = self._state(model, optimizer, meta["per_group"])
+        outer = fedavg.outer_state() if fedavg is not None else {}
+        shards = self._state(model, optimizer, meta["per_group"], outer)
         dcp.load(shards, checkpoint_id=str(path))
         mine = {**shards, **shards.get(self.group, {})}
         set_state_dict(model, optimizer, model_state_dict=mine["model"], optim_state_dict=mine["optim"])
+        if outer:
+            fedavg.load_outer_state(shards["outer"])
         state.load_state_dict({**meta, "rng": torch.load(path / f"rank{self.rank}.pt")["rng"]})

@@ -19,16 +19,16 @@ result over its replicate group, so replicas stay bit-identical.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from . import alignment
+from .compress import all_gather
 from .parallelize import local
 from .spec import FEDAVG_CHUNK_BYTES
-
-# torch >= 2.10 renamed all_gather_into_tensor; the package supports torch from 2.6.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class FedAvg:
@@ -45,17 +45,42 @@ class FedAvg:
         self.device = mesh.device_type
         self.checked = False
         self.buffer: torch.Tensor | None = None
+        self.event_bytes = 0  # what this rank sent over the federation links in the last average
+        self.exchange_s = 0.0  # seconds spent exchanging in all, hidden behind training or not
 
     def due(self, steps_done: int) -> bool:
         """Whether to average after `steps_done` optimizer steps."""
         return steps_done % self.A == 0
 
+    def after_step(self, steps_done: int) -> bool:
+        """Average when due; whether this step aggregated (train.outer streams instead)."""
+        if not self.due(steps_done):
+            return False
+        self.average()
+        return True
+
+    def in_sync_after(self, steps_done: int) -> bool:
+        """Whether every group holds the same parameters after `steps_done` steps (else the run ends with a
+        final average)."""
+        return steps_done % self.A == 0
+
+    def flush(self) -> None:
+        """Nothing is ever in flight between two steps of plain FedAvg (train.outer streams)."""
+
     def named_params(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.model.named_parameters())
 
+    def guarded(self) -> list[tuple[str, torch.Tensor]]:
+        """What the alignment guard compares across groups: the parameters (and, in DiLoCo, the outer state)."""
+        return self.named_params()
+
+    def outer_state(self) -> dict:
+        """State beyond the model and optimizer that checkpoints keep: none for FedAvg (train.outer)."""
+        return {}
+
     def check_alignment(self, contents: bool) -> None:
         """Run the guard; `contents` also compares initial weights (only meaningful before training diverges)."""
-        alignment.check(self.named_params(), self.fed_group, self.device, contents)
+        alignment.check(self.guarded(), self.fed_group, self.device, contents)
         self.checked = True
 
     def tensors(self) -> list[torch.Tensor]:
@@ -70,6 +95,7 @@ class FedAvg:
     def average(self) -> None:
         if not self.checked:
             self.check_alignment(contents=False)
+        self.event_bytes, start = 0, time.perf_counter()
         with torch.no_grad():
             for chunk in self._chunks(self.tensors()):
                 sizes = [t.numel() for t in chunk]
@@ -78,6 +104,8 @@ class FedAvg:
                 torch.cat([t.reshape(-1) for t in chunk], out=flat[:sum(sizes)])
                 if self.replica == 0:
                     self._reduce_across_groups(flat, received, summed)
+                    # a ring all_reduce, or all_to_all + all_gather: 2 (F - 1) / F of the buffer each
+                    self.event_bytes += 2 * flat.numel() * flat.element_size() * (self.F - 1) // self.F
                 if self.replicated:
                     dist.broadcast(flat, group=self.rep_group, group_src=0)
                 for t, value in zip(chunk, flat[:sum(sizes)].split(sizes)):
@@ -85,6 +113,7 @@ class FedAvg:
                         torch.div(value.view_as(t), self.F, out=t)  # one pass
                     else:
                         t.copy_(value.view_as(t))
+        self.exchange_s += time.perf_counter() - start
 
     def _reduce_across_groups(self, flat: torch.Tensor, received: torch.Tensor | None, summed: bool) -> None:
         """flat <- its sum over the fed group (fp32) or its mean, summed in fp32 (16-bit; module docstring)."""
@@ -93,7 +122,7 @@ class FedAvg:
             return
         dist.all_to_all_single(received, flat, group=self.fed_group)
         mine = received.view(self.F, -1).sum(dim=0, dtype=torch.float32).div_(self.F).to(flat.dtype)
-        _all_gather(flat, mine, group=self.fed_group)
+        all_gather(flat, mine, group=self.fed_group)
 
     def _buffers(self, like: torch.Tensor, used: int, receive: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The flat buffer (and, for the all_to_all, a receive buffer), padded to a multiple of F and kept

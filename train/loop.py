@@ -17,6 +17,7 @@ from . import mesh as meshes
 from . import model as models
 from .errors import SpecError
 from .federated import FedAvg
+from .outer import DiLoCo
 from .preemption import StopRequest
 from .result import RankRecord, RunResult
 from .spec import RunSpec
@@ -43,9 +44,16 @@ class Trainer:
         self.schedule = optim.schedule(self.optimizer, self.cfg)
         self.state = checkpoint.TrainState(self.schedule)
         self.checkpointer = checkpoint.Checkpointer(spec, rank)
-        self.fedavg = None
+        self.fedavg = None  # what runs every A steps: FedAvg, or DiLoCo (FedAvg and an outer step)
         if spec.federated:
-            self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, self.cfg.average_optimizer_state)
+            shared = {"average_optimizer_state": self.cfg.average_optimizer_state}
+            c = self.cfg
+            if c.outer == "fedavg" and c.aggregation_dtype == "fp32" and not c.streamed:
+                self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, **shared)
+            else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel
+                lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
+                self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
+                                     c.aggregation_dtype, c.outer_fragments, c.outer_delay, **shared)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
@@ -64,7 +72,7 @@ class Trainer:
         resume_from = self.checkpointer.latest() if self.out_dir is not None else None
         if resume_from is not None:
             with self._timed_apart("checkpoint"):
-                self.checkpointer.load(resume_from, self.model, self.optimizer, self.state)
+                self.checkpointer.load(resume_from, self.model, self.optimizer, self.state, self.fedavg)
             self.start_step = self.state.step
             self.log.resume(self.start_step)
             # Groups legitimately differ now: the guard re-checks layouts (not contents) before the next FedAvg.
@@ -109,9 +117,8 @@ class Trainer:
         self.state.step = step + 1
         t_opt = self.clock.lap()
         self._enter("aggregation", step)
-        aggregated = self.fedavg is not None and self.fedavg.due(step + 1)
+        aggregated = self.fedavg is not None and self.fedavg.after_step(step + 1)
         if aggregated:
-            self.fedavg.average()
             self.state.aggregations += 1
         t_agg = self.clock.lap()
         self.log.add(step, metrics.StepTimes(t_fwd, t_bwd, t_opt, t_agg), loss, aggregated, lr)
@@ -169,13 +176,15 @@ class Trainer:
                 self._enter("checkpoint", i)
                 self.state.train_time_s = time.perf_counter() - self.log.start
                 with self._timed_apart("checkpoint"):
-                    self.checkpointer.save(self.model, self.optimizer, self.state)
+                    if self.fedavg is not None:
+                        self.fedavg.flush()  # nothing in flight at periodic checkpoints; a stop lands it early
+                    self.checkpointer.save(self.model, self.optimizer, self.state, self.fedavg)
                 self.checkpoints += 1
             if stopping:
                 if self.watchdog is not None:
                     self.watchdog.close()  # waiting for the requeue is not a hang
                 stop.hand_over(done)
-        if self.fedavg is not None and self.cfg.final_average and self.cfg.steps % self.spec.A:
+        if self.fedavg is not None and self.cfg.final_average and not self.fedavg.in_sync_after(self.cfg.steps):
             self.fedavg.average()  # evaluate the federation's model, not one group's
             self.state.aggregations += 1
         if self.device == "cuda":
@@ -219,13 +228,16 @@ class Trainer:
         train_time = self.train()
         eval_ppl, eval_time = self.evaluate(self.cfg.steps)
         self.log.add_eval(self.cfg.steps, train_time, eval_ppl)
-        peak = torch.tensor([metrics.peak_memory_bytes(self.device)], dtype=torch.float64, device=self.device)
+        sent, exchange_s = (self.fedavg.event_bytes, self.fedavg.exchange_s) if self.fedavg is not None else (0, 0.0)
+        peak = torch.tensor([metrics.peak_memory_bytes(self.device), sent, exchange_s], dtype=torch.float64,
+                            device=self.device)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if self.rank != 0:
             return None
-        return self.summary(train_time, eval_ppl, eval_time, int(peak.item()), ranks, backend)
+        return self.summary(train_time, eval_ppl, eval_time, int(peak[0].item()), ranks, backend,
+                            {"aggregation_bytes": int(peak[1].item()), "aggregation_exchange_s": peak[2].item()})
 
-    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend) -> RunResult:
+    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend, exchange: dict) -> RunResult:
         spec, cfg = self.spec, self.cfg
         tokens = cfg.steps * self.world * cfg.batch_per_rank * cfg.seq_len  # the whole run, as train_time
         tokens_per_s = tokens / train_time
@@ -249,7 +261,8 @@ class Trainer:
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
-            time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None)
+            time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
+            **exchange)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:

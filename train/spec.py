@@ -20,9 +20,12 @@ STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 # FedAvg packs shards into flat buffers of at most this size, one collective each (train.federated; the
 # step-time model counts them without importing torch).
 FEDAVG_CHUNK_BYTES = 256 * 2**20
+INT8_BLOCK = 64  # values sharing one scale in an int8 exchange (train.compress): 1 + 4/64 bytes per value
 PRECISIONS = ("fp32", "bf16", "paper")
 TIMINGS = ("phases", "end_to_end")
 INITS = ("auto", "full", "meta")
+OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train.federated, train.outer)
+WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.compress); fp32: as the parameters are
 
 
 @dataclass
@@ -48,6 +51,13 @@ class TrainConfig:
     eval_batch: int = 8
     eval_every: int = 0  # steps between evaluations during training (0: only the final one); timed apart
     target_ppl: float | None = None  # eval perplexity whose first crossing gives time_to_target_s
+    outer: str = "fedavg"  # fedavg: average the groups; diloco: Nesterov outer step on the averaged pseudo-gradient
+    outer_lr: float = 0.7  # DiLoCo's outer learning rate and momentum (its paper's values)
+    outer_momentum: float = 0.9
+    outer_offload: bool = False  # keep DiLoCo's synchronized copy and momentum in CPU memory
+    aggregation_dtype: str = "fp32"  # what crosses the federation links: fp32 (uncompressed), bf16 or int8
+    outer_fragments: int = 1  # streaming: fragments synced in rotation, one every A / N steps (train.outer)
+    outer_delay: int = 0  # streaming: inner steps a fragment's exchange overlaps before it is merged
     init: str = "auto"
     timeout_s: float = 600.0
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
@@ -55,8 +65,13 @@ class TrainConfig:
     keep_checkpoints: int = 2
     stop_check_every: int = 5  # steps between checks for the scheduler's stop signal (then checkpoint, requeue)
 
+    @property
+    def streamed(self) -> bool:
+        return self.outer_fragments > 1 or self.outer_delay > 0
+
     def validate(self) -> None:
-        positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch", "stop_check_every")
+        positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch", "stop_check_every",
+                    "outer_fragments")
         for key in positive:
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise SpecError(f"train.{key} must be a positive integer, got {getattr(self, key)!r}")
@@ -70,7 +85,8 @@ class TrainConfig:
             raise SpecError(f"train.min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise SpecError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
-        for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS)):
+        for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS), ("outer", OUTERS),
+                             ("aggregation_dtype", WIRE_DTYPES)):
             if getattr(self, key) not in allowed:
                 raise SpecError(f"train.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -83,6 +99,21 @@ class TrainConfig:
             raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
         if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
             raise SpecError(f"train.eval_every must be an integer >= 0, got {self.eval_every!r}")
+        if isinstance(self.outer_lr, bool) or not (isinstance(self.outer_lr, (int, float)) and self.outer_lr > 0):
+            raise SpecError(f"train.outer_lr must be a number > 0, got {self.outer_lr!r}")
+        if isinstance(self.outer_momentum, bool) or not (isinstance(self.outer_momentum, (int, float))
+                                                         and 0 <= self.outer_momentum < 1):
+            raise SpecError(f"train.outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        if not isinstance(self.outer_offload, bool):
+            raise SpecError(f"train.outer_offload must be true or false, got {self.outer_offload!r}")
+        if not isinstance(self.outer_delay, int) or isinstance(self.outer_delay, bool) or self.outer_delay < 0:
+            raise SpecError(f"train.outer_delay must be an integer >= 0, got {self.outer_delay!r}")
+        if self.aggregation_dtype != "fp32" and self.average_optimizer_state:
+            raise SpecError(f"train.aggregation_dtype={self.aggregation_dtype} compresses pseudo-gradients, which "
+                            f"optimizer moments have none of: use it with train.average_optimizer_state=false")
+        if self.streamed and self.average_optimizer_state:
+            raise SpecError("train.outer_fragments/outer_delay stream pseudo-gradients, which optimizer moments have "
+                            "none of: use them with train.average_optimizer_state=false")
         if self.target_ppl is not None and not (isinstance(self.target_ppl, (int, float)) and self.target_ppl > 1):
             raise SpecError(f"train.target_ppl must be a perplexity > 1 or null, got {self.target_ppl!r}")
 
@@ -129,17 +160,32 @@ class RunSpec:
         ok, why = rules[self.strategy]
         if not ok:
             raise SpecError(f"{why}; got (F, R, S) = ({self.F}, {self.R}, {self.S})")
+        self.train.validate()
         if self.federated:
             if self.F < 2:
                 raise SpecError(f"{self.strategy} needs F >= 2 federation groups, got F = {self.F}")
             if not isinstance(self.A, int) or isinstance(self.A, bool) or self.A < 1:
                 raise SpecError(f"A (aggregation period in steps) must be an integer >= 1, got {self.A!r}")
+            N, tau = self.train.outer_fragments, self.train.outer_delay
+            if self.A % N:
+                raise SpecError(f"train.outer_fragments={N} must divide A={self.A}: one fragment is synced every A/N "
+                                f"steps, each every A steps")
+            if tau >= self.A // N:
+                raise SpecError(f"train.outer_delay={tau} must be < A/outer_fragments = {self.A // N} steps: a "
+                                f"fragment's exchange must land before the next one is launched")
+            if self.train.streamed and self.train.eval_every:
+                raise SpecError(f"train.eval_every={self.train.eval_every} needs every group to hold the same model, "
+                                f"which with train.outer_fragments={N} / outer_delay={tau} they never do between "
+                                f"steps: use train.eval_every=0 (the final evaluation follows a full average)")
             if self.train.eval_every % self.A:
                 raise SpecError(f"train.eval_every={self.train.eval_every} must be a multiple of A={self.A} for "
                                 f"{self.strategy}: an evaluation then sees the federation's model, just averaged, "
                                 f"not F different ones")
-        elif self.A is not None:
-            self.A = None  # FSDP/HSDP never average; a sweep-wide A does not apply to them
+        else:  # FSDP/HSDP never average: a sweep-wide A, outer optimizer or wire dtype does not apply to them
+            self.A = None
+            for f in dataclasses.fields(TrainConfig):
+                if f.name.startswith("outer") or f.name == "aggregation_dtype":
+                    setattr(self.train, f.name, f.default)
         if self.device not in ("auto", "cpu", "cuda"):
             raise SpecError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.backend not in ("auto", "gloo", "nccl"):
@@ -148,7 +194,6 @@ class RunSpec:
             raise SpecError("out_dir must be set")
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise SpecError(f"peak_flops must be > 0 or null, got {self.peak_flops!r}")
-        self.train.validate()
         if not self.run_id:
             self.run_id = default_run_id(self)
         return self

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.spec import STRATEGIES  # torch-free
+from train.spec import INT8_BLOCK, STRATEGIES  # torch-free
 
 LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
@@ -40,13 +40,14 @@ class Model:
 
     bytes_per_param: FSDP's parameter all-gathers (compute dtype); grad_bytes_per_param: the gradient
     reduce-scatter and the replicas' all-reduce (reduce dtype); fedavg_bytes_per_param: FedAvg's exchange of
-    the stored parameters (and AdamW moments when those are averaged too). None = bytes_per_param.
+    the stored parameters (and AdamW moments when those are averaged too), or of the pseudo-gradients in
+    train.aggregation_dtype. None = bytes_per_param.
     """
     params: int
     layers: int
     bytes_per_param: int
     grad_bytes_per_param: int | None = None
-    fedavg_bytes_per_param: int | None = None
+    fedavg_bytes_per_param: float | None = None
 
     @property
     def bytes(self) -> int:
@@ -57,7 +58,7 @@ class Model:
         return self.params * (self.grad_bytes_per_param or self.bytes_per_param)
 
     @property
-    def fedavg_bytes(self) -> int:
+    def fedavg_bytes(self) -> float:
         return self.params * (self.fedavg_bytes_per_param or self.bytes_per_param)
 
 
@@ -65,19 +66,22 @@ class Model:
 # fp32 everywhere; bf16 = bf16 all-gathers over fp32 master weights with fp32 gradient reduction; paper = bf16
 # parameters, gradients and optimizer state (the authors' FSDP MixedPrecision reduces in bf16).
 WIRE_BYTES = {"fp32": (4, 4, 4), "bf16": (2, 4, 4), "paper": (2, 2, 2)}
+# Bytes per value of a compressed exchange (train.compress): int8 adds one fp32 scale per block.
+COMPRESSED_BYTES = {"bf16": 2, "int8": 1 + 4 / INT8_BLOCK}
 
 
-def model_from_preset(preset_kwargs: dict, precision: str, average_optimizer_state: bool = False) -> Model:
+def model_from_preset(preset_kwargs: dict, precision: str, average_optimizer_state: bool = False,
+                      aggregation_dtype: str = "fp32") -> Model:
     """A Model from LlamaConfig kwargs and the run's precision; averaging AdamW's two moments (stored like
-    the parameters) triples what FedAvg sends."""
+    the parameters) triples what FedAvg sends; a compressed exchange sends COMPRESSED_BYTES per parameter."""
     missing = [key for key in LLAMA_KEYS if key not in preset_kwargs]
     if missing:
         raise ValueError(f"model preset lacks {', '.join(missing)}")
     params = llama_params(**{key: preset_kwargs[key] for key in LLAMA_KEYS},
                           tie_word_embeddings=preset_kwargs.get("tie_word_embeddings", False))
     gather, grad, fedavg = WIRE_BYTES[precision]
-    return Model(params, preset_kwargs["num_hidden_layers"], gather, grad,
-                 fedavg * (3 if average_optimizer_state else 1))
+    fedavg = COMPRESSED_BYTES.get(aggregation_dtype, fedavg * (3 if average_optimizer_state else 1))
+    return Model(params, preset_kwargs["num_hidden_layers"], gather, grad, fedavg)
 
 
 def _bandwidth(key: str, value: float | None) -> float:

@@ -1,0 +1,204 @@
+"""DiLoCo's outer optimizer on top of FedAvg (train.outer=diloco), on each rank's own shards; the compressed
+(train.aggregation_dtype) and streamed (train.outer_fragments, train.outer_delay) exchanges that need its
+synchronized copy.
+
+Every rank keeps the last synchronized copy of its shards (`synced`, fp32; in CPU memory with
+train.outer_offload) and the outer momentum, both shard-sized: nothing is gathered. The groups'
+pseudo-gradients synced − local are averaged into Δ, and Nesterov SGD gives
+
+    m ← μ m + Δ,    synced ← synced − lr (Δ + μ m) = average + (1 − lr) Δ − lr μ m.
+
+Plain (fp32, whole shard, no delay): every A steps FedAvg averages the parameters in place (fp32
+accumulation; in FL+HSDP replica 0 reduces, then broadcasts: train.federated), and since `synced` is the
+same in every group Δ = synced − average; the update is written in the second form so that FedAvg is
+exactly the case lr = 1, μ = 0 (the correction is zero and adds no rounding).
+
+Otherwise the pseudo-gradients themselves travel (small, centred values that quantise well: train.compress),
+and FedAvg is DiLoCo at lr = 1, μ = 0. Streamed (Streaming DiLoCo): the parameters are cut into N
+fragments of about equal size, in model order; one fragment is launched every A/N steps, so each is synced
+every A steps, and its exchange may run in a background thread while the next τ inner steps train
+(train.outer_delay). When it lands, the new synchronized fragment replaces the local one, plus what the
+τ steps since the launch changed locally. Every group and replica computes the same update from the same
+averaged values, so the outer step sends nothing beyond the exchange.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from . import compress
+from .federated import FedAvg
+from .parallelize import local
+
+
+@dataclass
+class Exchange:
+    """One fragment's exchange in flight: its chunks of tensor indices, this rank's own pseudo-gradients
+    (kept to merge the local progress made while it travelled) and the averaged ones (or their future)."""
+    chunks: list[list[int]]
+    own: list[torch.Tensor]
+    averaged: Future | list[torch.Tensor] | None
+    lands_after: int
+
+
+class DiLoCo(FedAvg):
+    def __init__(self, model, optimizer, mesh, A: int, lr: float, momentum: float, offload: bool,
+                 wire: str = "fp32", fragments: int = 1, delay: int = 0, **fedavg):
+        super().__init__(model, optimizer, mesh, A, **fedavg)
+        self.lr, self.momentum, self.wire, self.delay = lr, momentum, wire, delay
+        self.synced = [local(p).detach().to(device="cpu" if offload else local(p).device, dtype=torch.float32,
+                                            copy=True) for _, p in self.named_params()]
+        self.velocity = [torch.zeros_like(s) for s in self.synced]
+        self.fragments = split([p.numel() for _, p in self.named_params()], fragments)
+        self.period = A // fragments  # steps between two launches
+        self.streamed = fragments > 1 or delay > 0
+        self.pending: Exchange | None = None
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer") if delay else None
+
+    def due(self, steps_done: int) -> bool:
+        return steps_done % self.period == 0
+
+    def after_step(self, steps_done: int) -> bool:
+        if not self.streamed:
+            return super().after_step(steps_done)
+        acted = False
+        if self.pending is not None and self.pending.lands_after == steps_done:
+            self._land()
+            acted = True
+        if self.due(steps_done):
+            self._launch(self.fragments[(steps_done // self.period - 1) % len(self.fragments)], steps_done)
+            acted = True
+            if not self.delay:
+                self._land()
+        return acted
+
+    def flush(self) -> None:
+        """Land the exchange in flight now (before a checkpoint or the final average)."""
+        if self.pending is not None:
+            self._land()
+
+    def in_sync_after(self, steps_done: int) -> bool:
+        return not self.streamed and super().in_sync_after(steps_done)
+
+    def average(self) -> None:
+        """Every fragment at once, landed at once: the plain outer step (and the final one of a streamed run)."""
+        self.flush()
+        if self.wire == "fp32" and not self.streamed:
+            super().average()
+            with torch.no_grad():
+                for (_, p), synced, m in zip(self.named_params(), self.synced, self.velocity):
+                    average = local(p).to(device=synced.device, dtype=torch.float32, copy=True)
+                    self._outer_step(local(p), synced, m, average, synced - average)
+            return
+        self._launch(list(range(len(self.synced))), None)
+        self._land()
+
+    def _launch(self, indices: list[int], steps_done: int | None) -> None:
+        if not self.checked:
+            self.check_alignment(contents=False)
+        self.event_bytes = 0
+        params = [local(p) for _, p in self.named_params()]
+        chunks, own, taken = [], [], 0
+        with torch.no_grad():
+            for chunk in self._chunks([self.synced[i] for i in indices]):
+                index, taken = indices[taken:taken + len(chunk)], taken + len(chunk)
+                size = sum(self.synced[i].numel() for i in index)
+                delta = params[index[0]].new_zeros(compress.padded(size, self.F), dtype=torch.float32)
+                torch.cat([(self.synced[i].to(params[i].device) - params[i].float()).reshape(-1) for i in index],
+                          out=delta[:size])
+                chunks.append(index)
+                own.append(delta)
+        exchange = lambda: self._exchange(own)  # noqa: E731
+        averaged = None
+        if self.replica == 0:
+            averaged = self.worker.submit(exchange) if self.delay and steps_done is not None else exchange()
+        self.pending = Exchange(chunks, own, averaged, (steps_done or 0) + self.delay)
+
+    def _exchange(self, own: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The mean of every group's pseudo-gradient chunks (replica 0 of each group; maybe in the worker)."""
+        start, out = time.perf_counter(), []
+        for delta in own:
+            if self.wire == "fp32":
+                mean = delta.clone()
+                dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.fed_group)
+                out.append(mean.div_(self.F))
+                self.event_bytes += 2 * mean.numel() * 4 * (self.F - 1) // self.F
+            else:
+                mean, sent = compress.mean_over(delta, self.F, self.fed_group, self.wire)
+                out.append(mean)
+                self.event_bytes += sent
+        self.exchange_s += time.perf_counter() - start
+        return out
+
+    def _land(self) -> None:
+        pending, self.pending = self.pending, None
+        averaged = pending.averaged.result() if isinstance(pending.averaged, Future) else pending.averaged
+        if averaged is None:  # another replica: replica 0 broadcasts what it received
+            averaged = [torch.empty_like(d) for d in pending.own]
+        params = [local(p) for _, p in self.named_params()]
+        with torch.no_grad():
+            for index, mean, own in zip(pending.chunks, averaged, pending.own):
+                if self.replicated:
+                    dist.broadcast(mean, group=self.rep_group, group_src=0)
+                sizes = [self.synced[i].numel() for i in index]
+                pieces = zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes))
+                for i, d, mine in pieces:
+                    s, p = self.synced[i], params[i]
+                    d = d.view_as(s).to(s.device)
+                    if self.delay:  # keep what the steps since the launch did: p += new - (synced - own)
+                        moved = (s - mine.view_as(s).to(s.device)).neg_()
+                        self._outer_step(None, s, self.velocity[i], s - d, d)
+                        p.copy_(p.float().add_(moved.add_(s).to(p.device)))
+                    else:
+                        self._outer_step(p, s, self.velocity[i], s - d, d)
+
+    def _outer_step(self, param, synced, m, average, delta) -> None:
+        """synced (and param) <- average + (1 - lr) delta - lr mu m after m <- mu m + delta (module docstring),
+        where average = synced - delta; consumes `average` and `delta`."""
+        m.mul_(self.momentum).add_(delta)
+        average.add_(delta.mul_(1 - self.lr).sub_(m, alpha=self.lr * self.momentum))
+        if param is None:
+            synced.copy_(average)
+        else:
+            param.copy_(average)
+            synced.copy_(param)  # what every group starts from: the update rounded to the parameters' dtype
+
+    def outer_state(self) -> dict:
+        """The synchronized copy and the momentum as DTensors laid out like the parameters, for checkpoints
+        (identical in every group, so stored once) and for the alignment guard. Offloaded tensors are copied
+        to the parameters' device; `load_outer_state` copies loaded values back."""
+        out: dict = {"synced": {}, "momentum": {}}
+        for (name, p), synced, m in zip(self.named_params(), self.synced, self.velocity):
+            for key, t in (("synced", synced), ("momentum", m)):
+                t = t.to(local(p).device)
+                out[key][name] = DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
+                                                    shape=p.shape, stride=p.stride()) if isinstance(p, DTensor) else t
+        return out
+
+    def load_outer_state(self, state: dict) -> None:
+        for (name, _), synced, m in zip(self.named_params(), self.synced, self.velocity):
+            synced.copy_(local(state["synced"][name]))
+            m.copy_(local(state["momentum"][name]))
+
+    def guarded(self) -> list[tuple[str, torch.Tensor]]:
+        state = self.outer_state()
+        return super().guarded() + [(f"outer.{key}.{name}", t) for key in state for name, t in state[key].items()]
+
+
+def split(numels: list[int], n: int) -> list[list[int]]:
+    """n runs of consecutive tensor indices of about equal total size (by global numel, so every rank and the
+    single-process reference cut alike); each run holds at least one tensor."""
+    total, out, start = sum(numels), [], 0
+    for k in range(1, n + 1):
+        end, acc = start, sum(numels[:start])
+        while end < len(numels) - (n - k) and (end == start or acc + numels[end] / 2 <= total * k / n):
+            acc += numels[end]
+            end += 1
+        out.append(list(range(start, end if k < n else len(numels))))
+        start = end
+    return out
