@@ -90,10 +90,7 @@ class DiLoCo(FedAvg):
         self.flush()
         if self.wire == "fp32" and not self.streamed:
             super().average()
-            with torch.no_grad():
-                for (_, p), synced, m in zip(self.named_params(), self.synced, self.velocity):
-                    average = local(p).to(device=synced.device, dtype=torch.float32, copy=True)
-                    self._outer_step(local(p), synced, m, average, synced - average)
+            self._outer_step_from_average()
             return
         self._launch(list(range(len(self.synced))), None)
         self._land()
@@ -148,25 +145,31 @@ class DiLoCo(FedAvg):
                 sizes = [self.synced[i].numel() for i in index]
                 pieces = zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes))
                 for i, d, mine in pieces:
-                    s, p = self.synced[i], params[i]
+                    s, p, m = self.synced[i], params[i], self.velocity[i]
                     d = d.view_as(s).to(s.device)
-                    if self.delay:  # keep what the steps since the launch did: p += new - (synced - own)
-                        moved = (s - mine.view_as(s).to(s.device)).neg_()
-                        self._outer_step(None, s, self.velocity[i], s - d, d)
-                        p.copy_(p.float().add_(moved.add_(s).to(p.device)))
+                    # keep what the steps since the launch did locally: p += new - (synced - own)
+                    moved = mine.view_as(s).to(s.device) - s if self.delay else None
+                    m.mul_(self.momentum).add_(d)
+                    s.add_(d, alpha=-self.lr).add_(m, alpha=-self.lr * self.momentum)  # s - lr (d + mu m)
+                    if moved is None:
+                        p.copy_(s)
+                        s.copy_(p)  # what every group starts from: rounded to the parameters' dtype
                     else:
-                        self._outer_step(p, s, self.velocity[i], s - d, d)
+                        p.copy_(p.float().add_(moved.add_(s).to(p.device)))
 
-    def _outer_step(self, param, synced, m, average, delta) -> None:
-        """synced (and param) <- average + (1 - lr) delta - lr mu m after m <- mu m + delta (module docstring),
-        where average = synced - delta; consumes `average` and `delta`."""
-        m.mul_(self.momentum).add_(delta)
-        average.add_(delta.mul_(1 - self.lr).sub_(m, alpha=self.lr * self.momentum))
-        if param is None:
-            synced.copy_(average)
-        else:
-            param.copy_(average)
-            synced.copy_(param)  # what every group starts from: the update rounded to the parameters' dtype
+    def _outer_step_from_average(self) -> None:
+        """After FedAvg put the average a in the parameters: m <- mu m + (synced - a), then parameters <-
+        a + (1 - lr)(synced - a) - lr mu m (module docstring) and synced <- parameters; five passes over
+        memory and no temporary for fp32 parameters (updated in place; others through an fp32 copy)."""
+        with torch.no_grad():
+            for (_, param), s, m in zip(self.named_params(), self.synced, self.velocity):
+                p = local(param)
+                work = p if p.dtype == torch.float32 and p.device == s.device else p.to(s.device, torch.float32)
+                torch.add(s, m, alpha=self.momentum, out=m).sub_(work)  # m <- mu m + (s - a)
+                work.lerp_(s, 1 - self.lr).add_(m, alpha=-self.lr * self.momentum)
+                if work is not p:
+                    p.copy_(work)
+                s.copy_(p)  # what every group starts from: the update rounded to the parameters' dtype
 
     def outer_state(self) -> dict:
         """The synchronized copy and the momentum as DTensors laid out like the parameters, for checkpoints
