@@ -135,8 +135,9 @@ class RunResult:
     time_to_target_s: float | None = _doc("training time of the first evaluation at or below target_ppl; null "
                                           "when none reached it (or no target)", default=None)
     steps_to_target: int | None = _doc("the step of that evaluation, or null", default=None)
-    aggregation_bytes: int = _doc("bytes one rank sends over the federation links in one FedAvg event (the "
-                                  "exchanging ranks' max; train.aggregation_dtype sets their type)", default=0)
+    aggregation_bytes: int = _doc("bytes one rank sent over the federation links in the last FedAvg event, a "
+                                  "sync of the whole model (a streamed run's is its final average; the exchanging "
+                                  "ranks' max; train.aggregation_dtype sets their type)", default=0)
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
                                          "behind training or not (rank max; the aggregation phase shows the exposed "
                                          "part when train.outer_delay overlaps it)", default=0.0)
