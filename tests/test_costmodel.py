@@ -36,6 +36,10 @@ def test_model_from_preset_ignores_other_keys_and_picks_comm_bytes():
     assert (fp32.bytes, fp32.grad_bytes, fp32.fedavg_bytes) == (4 * fp32.params,) * 3
     assert (bf16.grad_bytes, bf16.fedavg_bytes) == (bf16.bytes, bf16.bytes)
     assert model_from_preset(LLAMA3_8B, "paper", average_optimizer_state=True).fedavg_bytes == 3 * bf16.bytes
+    # compressed pseudo-gradients (train.compress): what crosses the federation links, whatever the precision
+    int8 = model_from_preset(LLAMA3_8B, "fp32", aggregation_dtype="int8")
+    assert int8.fedavg_bytes == pytest.approx(fp32.params * (1 + 4 / 64)) and int8.bytes == fp32.bytes
+    assert model_from_preset(LLAMA3_8B, "fp32", aggregation_dtype="bf16").fedavg_bytes == 2 * fp32.params
     with pytest.raises(ValueError, match="hidden_size"):
         model_from_preset({k: v for k, v in LLAMA3_8B.items() if k != "hidden_size"}, "fp32")
 

@@ -3,30 +3,40 @@ streamed fragments and checkpoints. Parity with the single-process reference (ev
 lr 1, momentum 0: tests/test_parity.py."""
 import json
 
+import pytest
+
 from tests.support import losses
 from tests.test_checkpoint import _spec, _torchrun
 from train.checkpoint import Checkpointer
 from train.outer import split
+from train.result import RunResult
 from train.spec import RunSpec, TrainConfig
 
-DILOCO = {"outer": "diloco", "outer_offload": True}
+# (A, train keys, the step whose checkpoint a rank dies writing). Whole syncs: checkpoints at the FedAvgs (A=3)
+# at or after 10, 20: steps 12, 21. Streamed (3 fragments, one launched every 2 steps and landing 1 step later):
+# at the first step with nothing in flight at or after 10, 20: steps 11, 21.
+MODES = {"whole": (3, {"outer": "diloco", "outer_offload": True}, 21, 12),
+         "streamed": (6, {"outer": "diloco", "outer_fragments": 3, "outer_delay": 1}, 21, 11)}
 
 
-def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exactly(tmp_path):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exactly(tmp_path, mode):
+    A, keys, crash_at, resumed_from = MODES[mode]
+
     def spec(name):
-        path = _spec(tmp_path, name)
+        path = _spec(tmp_path, name, A=A)
         raw = json.loads(path.read_text())
-        raw["train"].update(steps=40, checkpoint_every=10, **DILOCO)
+        raw["train"].update(steps=40, checkpoint_every=10, **keys)
         path.write_text(json.dumps(raw))
         return path
     reference = _torchrun(spec("reference"))
     assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
-    # Checkpoints at the FedAvgs (A=3) at or after 10, 20: steps 12, 21; rank 2 dies writing step 21's.
-    first = _torchrun(spec("killed"), entry=["tests.crash_in_checkpoint", "21", "2"])
+    first = _torchrun(spec("killed"), entry=["tests.crash_in_checkpoint", str(crash_at), "2"])
     assert first.wait(timeout=600) != 0
     second = _torchrun(spec("killed"))
     assert second.wait(timeout=600) == 0, second.stderr.read()[-2000:]
     # The synchronized copy and momentum came back: a lost momentum or a stale copy changes every later loss.
+    assert RunResult.load(tmp_path / "killed" / "result.json").resumed_from_step == resumed_from
     assert losses(tmp_path / "killed") == losses(tmp_path / "reference")
 
 
