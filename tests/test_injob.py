@@ -37,14 +37,20 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
     assert "step 7/7" in outs[1][0]  # logical rank 0 (SLURM_PROCID 1) prints progress
 
 
-def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
+def _leonardo_8_nodes(tmp_path, placement: str):
+    """paper_table3 planned on 8 nodes of the captured Leonardo snapshot: (settings, planned runs, sbatch
+    parameters of the fl_hsdp run)."""
     shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
     shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
-    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=pinned", "cluster.nodes=8",
+    settings = compose(["sweep=paper_table3", "cluster=leonardo", f"cluster.placement={placement}", "cluster.nodes=8",
                         f"cluster.snapshot={tmp_path}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
                         f"results_dir={tmp_path}"])
     planned = place_runs(settings, expand(settings))[3]
-    params = slurm_parameters(settings.cluster, planned[3])
+    return settings, planned, slurm_parameters(settings.cluster, planned[3])
+
+
+def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
+    settings, planned, params = _leonardo_8_nodes(tmp_path, "pinned")
     # fl_hsdp (2,4,4) on 8 of the 14 usable nodes: one leaf per federation group.
     assert params["nodelist"] == "lrdn[0001-0008]" and params["srun_args"] == ["--distribution=arbitrary"]
     assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/leonardo/paper_table3/fl_hsdp-F2-R4-S4-A8/hostfile"
@@ -53,13 +59,7 @@ def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
 
 
 def test_slurm_mode_keeps_srun_order_and_asks_for_no_switches(tmp_path):
-    shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
-    shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
-    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.placement=slurm", "cluster.nodes=8",
-                        f"cluster.snapshot={tmp_path}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
-                        f"results_dir={tmp_path}"])
-    planned = place_runs(settings, expand(settings))[3]
-    params = slurm_parameters(settings.cluster, planned[3])
+    settings, planned, params = _leonardo_8_nodes(tmp_path, "slurm")
     assert planned[3].leaves is None and "switches" not in params.get("additional_parameters", {})
     assert "nodelist" not in params and "srun_args" not in params
     assert planned[3].placement.nodes == sorted(planned[3].placement.nodes)  # name order, rank k on node k // G
@@ -68,12 +68,7 @@ def test_slurm_mode_keeps_srun_order_and_asks_for_no_switches(tmp_path):
 
 
 def test_in_job_mode_asks_for_the_leaves_the_plan_spans(tmp_path):
-    shutil.copy(FIXTURES / "show_topology.txt", tmp_path / "topology.txt")
-    shutil.copy(FIXTURES / "show_node_oneliner.txt", tmp_path / "nodes.txt")
-    settings = compose(["sweep=paper_table3", "cluster=leonardo", "cluster.nodes=8", f"cluster.snapshot={tmp_path}",
-                        "cluster.bandwidth_GBps=[240,25,12.5,6]", f"results_dir={tmp_path}"])
-    planned = place_runs(settings, expand(settings))[3]
-    params = slurm_parameters(settings.cluster, planned[3])
+    settings, planned, params = _leonardo_8_nodes(tmp_path, "in_job")
     assert planned[3].leaves == 2
     assert params["additional_parameters"]["switches"] == "2@05:00" and "nodelist" not in params
     job = entrypoint(settings.cluster, planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
