@@ -68,16 +68,41 @@ def comm_model(run: Run) -> Model:
     return model_from_preset(run.spec.model.llama_kwargs, t.precision, t.average_optimizer_state, t.aggregation_dtype)
 
 
-def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str], list[PlannedRun]]:
-    """(topology, its source, usable nodes, every run placed on them); plan() saves the topology as
-    topology.json for jobs and reports."""
+def node_share(cluster) -> tuple[int, int]:
+    """(GPUs, CPUs) one node must have free for a job: its GPUs on a GPU cluster, and a CPU per task times
+    cpus_per_task (sbatch_extra), tasks being one per GPU slot."""
+    extra = cluster.sbatch_extra
+    per_task = int(extra.get("cpus_per_task", extra.get("cpus-per-task", 1)))
+    return (cluster.gpus_per_node if cluster.device == "cuda" else 0), cluster.gpus_per_node * per_task
+
+
+def usable_nodes(settings: Settings, topo: topology.Topology, runs: list[Run]) -> tuple[list[str], dict]:
+    """The nodes plans use and what the plan says about the others: only nodes whose free GPUs and CPUs hold
+    one node's share (pinned jobs name their nodes, which must be free now). In-job placement happens on
+    what SLURM gives when the job starts: when fewer nodes than the widest run needs are free now, it plans
+    on every node that is not down or drained, and says so (the job then waits for busy ones)."""
+    free, excluded = topo.free(*node_share(settings.cluster))
+    needed = max(run.nodes for run in runs)
+    nodes = {"free": len(free), "excluded": {why: len(names) for why, names in excluded.items()},
+             "examples": {why: names[:3] for why, names in excluded.items()}, "note": None}
+    if settings.cluster.placement == "pinned" or len(free) >= needed:
+        return free, nodes
+    usable = topo.usable(now=False)
+    nodes["note"] = (f"only {len(free)} node(s) are free now and the widest run needs {needed}: the in-job plan "
+                     f"uses the {len(usable)} nodes not down or drained, and the job waits for busy ones")
+    return usable, nodes
+
+
+def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, str, list[str], list[PlannedRun],
+                                                             dict]:
+    """(topology, its source, usable nodes, every run placed on them, what was excluded and why: usable_nodes);
+    plan() saves the topology as topology.json for jobs and reports."""
     require_netns(settings.cluster)
     topo, source, real = topology.load(settings.cluster)
     if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
-    # pinned jobs name their nodes, which must be free now; in-job placement happens on what SLURM gives.
-    usable = topo.usable(now=settings.cluster.placement == "pinned")
+    usable, nodes = usable_nodes(settings, topo, runs)
     slurm_order = settings.cluster.placement == "slurm"
     # --switches on SLURM's own tree only, and not when SLURM's order is kept: the paper asked for no switches
     count_leaves = settings.cluster.executor == "slurm" and real and not slurm_order
@@ -89,7 +114,7 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
             placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
         leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
         planned.append(PlannedRun(run, placement, leaves))
-    return topo, source, usable, planned
+    return topo, source, usable, planned, nodes
 
 
 def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:
@@ -156,7 +181,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     and submits the placed runs it returns)."""
     runs = expand(settings) if runs is None else runs
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
-    topo, source, usable, planned = place_runs(settings, runs)
+    topo, source, usable, planned, nodes = place_runs(settings, runs)
     predictor = Predictor(settings, topo)
     fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
     entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor) for p in planned]
@@ -167,11 +192,18 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     path = settings.sweep_dir / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
-                                   "topology": source, "network": network, "runs": [e.to_json() for e in entries],
+                                   "topology": source, "network": network, "nodes": nodes,
+                                   "runs": [e.to_json() for e in entries],
                                    "ranking": ranking}, indent=2) + "\n")
     if not echo:
         return planned, entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
+    if nodes["excluded"] or nodes["note"]:
+        why = "; ".join(f"{n} {reason} ({', '.join(nodes['examples'][reason])}{', ...' if n > 3 else ''})"
+                        for reason, n in nodes["excluded"].items())
+        gpus, cpus = node_share(settings.cluster)
+        print(f"  nodes: {nodes['free']} with one node's share free ({gpus} GPUs, {cpus} CPUs)"
+              + (f"; excluded: {why}" if why else "") + (f"; {nodes['note']}" if nodes["note"] else ""))
     print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  "
           f"{'less comm than FSDP':>19}  {'step (s)':>9} {'tokens/s':>9} {'faster than FSDP':>16}  checkpoint")
     for e in entries:

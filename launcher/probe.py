@@ -152,7 +152,7 @@ def probe(settings: Settings) -> Path:
     """Run the probe job, echo its progress, fit, write probe.json and probe.png, print the table."""
     cluster = settings.cluster
     check_environment(cluster)
-    topo, _, _, planned = place_runs(settings, expand(settings))
+    topo, _, _, planned, _ = place_runs(settings, expand(settings))
     widest = max(planned, key=lambda p: p.run.spec.world_size)
     folder = settings.sweep_dir / "probe"
     raw_path = folder / "raw.json"

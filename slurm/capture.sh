@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Save this cluster's topology and node states for offline planning:
 #   slurm/capture.sh DIR   then   python -m launcher ... cluster=NAME cluster.snapshot=DIR action=plan
-# Writes DIR/topology.txt (`scontrol show topology`) and DIR/nodes.txt (`scontrol -o show node`);
+# Writes DIR/topology.txt (`scontrol show topology`) and DIR/nodes.txt (`scontrol -d -o show node`: -d adds
+# GresUsed, the GPUs in use, without which a MIXED node's free GPUs are unknown);
 # each file appears whole or not at all.
 set -euo pipefail
 if [ $# -ne 1 ]; then
@@ -11,7 +12,7 @@ fi
 command -v scontrol >/dev/null || { echo "capture.sh: scontrol not found on PATH (run on a login node)" >&2; exit 2; }
 dir=$1
 mkdir -p "$dir"
-for pair in "topology.txt:show topology" "nodes.txt:-o show node"; do
+for pair in "topology.txt:show topology" "nodes.txt:-d -o show node"; do
     name=${pair%%:*}
     read -r -a args <<< "${pair#*:}"
     tmp=$(mktemp "$dir/.$name.XXXXXX")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
-from launcher.slurm.parse import Node, Switch
+from launcher.slurm.parse import Node, Switch, parse_nodes
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05.8"
 BW = [240e9, 25e9, 12.5e9, 6e9]
@@ -98,9 +98,15 @@ def test_plan_from_a_snapshot_directory(tmp_path):
         assert not {"lrdn0015", "lrdn0016"} & set(e.nodes)
         assert p.placement.nodes == e.nodes  # what is submitted is what plan.json shows
     fl_hsdp = entries[3]
-    assert fl_hsdp.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 12.5e9}
+    # lrdn0001 is MIXED and this capture (no -d) does not say how many of its GPUs are in use: it is not
+    # planned on, so leaf01 holds 3 free nodes and the two groups of 4 go to leaf02 and leaf03, across the spine.
+    assert not {"lrdn0001", "lrdn0015", "lrdn0016"} & set(fl_hsdp.nodes)
+    assert fl_hsdp.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 6e9}
     assert 0 < fl_hsdp.predicted_ratio_to_fsdp < 1
-    on_disk = json.loads((tmp_path / "leonardo" / "paper_table3" / "plan.json").read_text())["runs"]
+    plan_json = json.loads((tmp_path / "leonardo" / "paper_table3" / "plan.json").read_text())
+    assert plan_json["nodes"]["excluded"] == {"down or drained": 2, "GPU use unknown (MIXED without GresUsed: "
+                                              "capture with `scontrol -d -o show node`)": 1}
+    on_disk = plan_json["runs"]
     assert on_disk == [e.to_json() for e in entries]
     assert list(on_disk[0]) == ["run_id", "strategy", "F", "R", "S", "A", "world_size", "gpus_per_node", "model",
                                 "model_params", "train", "note", "nodes", "hostfile", "coords", "bandwidth",
@@ -212,3 +218,60 @@ def test_report_verifies_where_ranks_really_ran():
     assert rows == [["broken", None, 6.0, 25.0, "BROKEN"],
                     ["elsewhere", None, None, None, "unknown (ran on laptop, not in the topology)"],
                     ["good", None, 25.0, 6.0, "ok"]]
+
+
+FIXTURES_2511 = Path(__file__).resolve().parent / "fixtures" / "slurm-25.11.7" / "tree_topology_conf"
+
+
+def _busy_snapshot(tmp_path: Path) -> Path:
+    """The 25.11 tree capture: lrdn0001-0004 MIXED (lrdn0001 with `-d`: all 4 GPUs in use; the others
+    without GresUsed), lrdn0005-0007 IDLE, lrdn0008 drained."""
+    shutil.copy(FIXTURES_2511 / "show_topology.txt", tmp_path / "topology.txt")
+    others = [line for line in (FIXTURES_2511 / "show_node_oneliner.txt").read_text().splitlines()
+              if not line.startswith("NodeName=lrdn0001 ")]
+    (tmp_path / "nodes.txt").write_text((FIXTURES_2511 / "show_node_detail_lrdn0001.txt").read_text() + "\n"
+                                        + "\n".join(others) + "\n")
+    return tmp_path
+
+
+def test_a_node_is_free_only_when_its_free_gpus_and_cpus_hold_a_share():
+    detail = parse_nodes((FIXTURES_2511 / "show_node_detail_lrdn0001.txt").read_text())[0]
+    assert (detail.state, detail.gpus, detail.gpus_used, detail.cpus_free) == ("MIXED", 4, 4, 28)
+    assert detail.not_free(1, 4) == "fewer than 1 GPUs free"
+    assert detail.not_free(0, 28) is None and detail.not_free(0, 29) == "fewer than 29 CPUs free"  # CPU ranks
+    plain = parse_nodes((FIXTURES_2511 / "show_node_lrdn0001.txt").read_text())[0]  # no -d: GresUsed absent
+    assert plain.gpus_used is None and plain.not_free(4, 4).startswith("GPU use unknown")
+    idle = parse_nodes((FIXTURES_2511 / "show_node_lrdn0005_idle.txt").read_text())[0]
+    assert idle.gpus_used == 0 and idle.not_free(4, 32) is None
+    assert parse_nodes((FIXTURES_2511 / "show_node_lrdn0008_drain.txt").read_text())[0].not_free(0, 1) == \
+        "down or drained"
+
+
+@pytest.mark.parametrize("placement", ["pinned", "in_job"])
+def test_plans_never_use_a_node_without_a_free_share(tmp_path, placement):
+    from launcher.plan import place_runs
+    from launcher.settings import compose
+    from launcher.sweep import expand
+
+    settings = compose(["sweep=smoke", "cluster=leonardo", f"cluster.placement={placement}", "cluster.nodes=2",
+                        f"cluster.snapshot={_busy_snapshot(tmp_path)}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
+                        f"results_dir={tmp_path}"])
+    _, _, usable, planned, nodes = place_runs(settings, expand(settings))
+    assert usable == ["lrdn0005", "lrdn0006", "lrdn0007"]
+    assert {n for p in planned for n in p.placement.nodes} == {"lrdn0005", "lrdn0006"}  # one leaf
+    unknown = "GPU use unknown (MIXED without GresUsed: capture with `scontrol -d -o show node`)"
+    assert nodes["excluded"] == {"fewer than 4 GPUs free": 1, unknown: 3, "down or drained": 1}
+    assert nodes["note"] is None
+
+
+def test_in_job_plans_on_busy_nodes_only_when_too_few_are_free_and_says_so(tmp_path):
+    from launcher.plan import place_runs
+    from launcher.settings import compose
+    from launcher.sweep import expand
+
+    settings = compose(["sweep=smoke", "cluster=leonardo", "cluster.nodes=7", "sweep.nodes=[4]",
+                        f"cluster.snapshot={_busy_snapshot(tmp_path)}", "cluster.bandwidth_GBps=[240,25,12.5,6]",
+                        f"results_dir={tmp_path}"])
+    _, _, usable, _, nodes = place_runs(settings, expand(settings))
+    assert len(usable) == 7 and "lrdn0008" not in usable
+    assert nodes["note"].startswith("only 3 node(s) are free now and the widest run needs 4")

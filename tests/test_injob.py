@@ -51,10 +51,11 @@ def _leonardo_8_nodes(tmp_path, placement: str):
 
 def test_pinned_mode_pins_nodes_and_orders_ranks_with_a_hostfile(tmp_path):
     settings, planned, params = _leonardo_8_nodes(tmp_path, "pinned")
-    # fl_hsdp (2,4,4) on 8 of the 14 usable nodes: one leaf per federation group.
-    assert params["nodelist"] == "lrdn[0001-0008]" and params["srun_args"] == ["--distribution=arbitrary"]
+    # fl_hsdp (2,4,4) on 8 of the 13 free nodes (lrdn0001 is MIXED with its GPU use unknown): one leaf per
+    # federation group, leaf02 and leaf03.
+    assert params["nodelist"] == "lrdn[0005-0012]" and params["srun_args"] == ["--distribution=arbitrary"]
     assert params["setup"][-1] == f"export SLURM_HOSTFILE={tmp_path}/leonardo/paper_table3/fl_hsdp-F2-R4-S4-A8/hostfile"
-    assert planned[3].placement.hostfile().splitlines()[:5] == ["lrdn0001"] * 4 + ["lrdn0002"]
+    assert planned[3].placement.hostfile().splitlines()[:5] == ["lrdn0005"] * 4 + ["lrdn0006"]
     assert "switches" not in params.get("additional_parameters", {})  # pinned nodes need no --switches
 
 

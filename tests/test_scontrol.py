@@ -246,7 +246,7 @@ def test_live_texts_come_from_scontrol(tmp_path, monkeypatch):
     _fake_scontrol(tmp_path, monkeypatch, 'echo "$*" "${SLURM_TOPO_LEN:-untruncated}"\n')
     monkeypatch.setenv("SLURM_TOPO_LEN", "64")
     assert topology_text(None) == "show topology untruncated\n"
-    assert nodes_text(None) == "-o show node untruncated\n"
+    assert nodes_text(None) == "-d -o show node untruncated\n"
     assert os.environ["SLURM_TOPO_LEN"] == "64"
 
 

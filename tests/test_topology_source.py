@@ -14,7 +14,7 @@ SCONTROL = """#!/bin/sh
 case "$*" in
   "show config") {config} ;;
   "show topology") /bin/cat {fixtures}/show_topology.txt ;;
-  "-o show node") /bin/cat {fixtures}/show_node_oneliner.txt ;;
+  "-d -o show node") /bin/cat {fixtures}/show_node_oneliner.txt ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
 esac
 """

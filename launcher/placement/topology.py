@@ -66,6 +66,19 @@ class Topology:
                     or (self.nodes[n].usable if now else self.nodes[n].schedulable)]
         return out
 
+    def free(self, gpus: int, cpus: int) -> tuple[list[str], dict[str, list[str]]]:
+        """Nodes (in tree order) whose free GPUs and CPUs hold one node's share of a job now, and the others
+        by reason; nodes scontrol did not describe (flat, ideal) count as free."""
+        out, excluded = [], {}
+        for leaf in self.leaves:
+            for n in self.leaves[leaf]:
+                why = None if self.nodes.get(n) is None else self.nodes[n].not_free(gpus, cpus)
+                if why is None:
+                    out.append(n)
+                else:
+                    excluded.setdefault(why, []).append(n)
+        return out, excluded
+
     def with_bandwidth(self, bandwidth: list[float], key: str) -> "Topology":
         """Attach per-level bandwidth; it must cover every level and never grow with level."""
         needed = self.top_level + 2

@@ -69,6 +69,41 @@ class Node:
         return self.state in ("IDLE", "MIXED") and self.flags <= _HARMLESS_FLAGS
 
     @property
+    def gpus_used(self) -> int | None:
+        """GPUs allocated now: GresUsed= (`scontrol -d show node`), else AllocTRES's gres/gpu, else none on an
+        IDLE node; None when the record does not say (MIXED or ALLOCATED without either field)."""
+        if "GresUsed" in self.fields:
+            return _gpus(self.fields["GresUsed"], self.name, 0)
+        alloc = dict(item.split("=", 1) for item in self.fields.get("AllocTRES", "").split(",") if "=" in item)
+        if "gres/gpu" in alloc and alloc["gres/gpu"].isdigit():
+            return int(alloc["gres/gpu"])
+        return 0 if self.state == "IDLE" else None
+
+    @property
+    def cpus_free(self) -> int | None:
+        """CPUTot - CPUAlloc, when the record has both."""
+        total, alloc = self.fields.get("CPUTot", ""), self.fields.get("CPUAlloc", "")
+        return int(total) - int(alloc) if total.isdigit() and alloc.isdigit() else None
+
+    def not_free(self, gpus: int, cpus: int) -> str | None:
+        """Why this node cannot take one node's share of a job now (`gpus` GPUs, `cpus` CPUs), as a reason
+        class for the plan's count of excluded nodes; None when it can."""
+        if not self.schedulable:
+            return "down or drained"
+        if not self.usable:
+            return "allocated"
+        if gpus:
+            used = self.gpus_used
+            if used is None:
+                return "GPU use unknown (MIXED without GresUsed: capture with `scontrol -d -o show node`)"
+            if self.gpus - used < gpus:
+                return f"fewer than {gpus} GPUs free"
+        free = self.cpus_free
+        if free is not None and free < cpus:
+            return f"fewer than {cpus} CPUs free"
+        return None
+
+    @property
     def schedulable(self) -> bool:
         """A job may get this node once running work ends: busy is fine, drained or down is not."""
         return self.state in ("IDLE", "MIXED", "ALLOCATED", "ALLOC") and \

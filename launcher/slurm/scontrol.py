@@ -78,8 +78,8 @@ def topology_text(snapshot: str | None) -> str:
 
 
 def nodes_text(snapshot: str | None) -> str:
-    """`scontrol -o show node`, or nodes.txt of a snapshot directory."""
-    return run_scontrol(["-o", "show", "node"]) if snapshot is None else _snapshot_file(snapshot, "nodes.txt")
+    """`scontrol -d -o show node` (-d: GresUsed, the GPUs in use), or nodes.txt of a snapshot directory."""
+    return run_scontrol(["-d", "-o", "show", "node"]) if snapshot is None else _snapshot_file(snapshot, "nodes.txt")
 
 
 def _snapshot_file(snapshot: str, name: str) -> str:
