@@ -42,6 +42,7 @@ class Cluster:
     sbatch_extra: dict = field(default_factory=dict)
     snapshot: str | None = None
     topology: str = "auto"        # auto: live scontrol only when its ClusterName is slurm_name | live | ideal
+    topology_name: str | None = None  # SLURM >= 25.05: a named topology (default: the partition's Topology=)
     slurm_name: str | None = None  # SLURM's ClusterName of this cluster (default: name)
     bandwidth_GBps: list[float] = field(default_factory=list)
     nodes_per_level: list[int] = field(default_factory=list)

@@ -3,6 +3,7 @@
 #   slurm/capture.sh DIR   then   python -m launcher ... cluster=NAME cluster.snapshot=DIR action=plan
 # Writes DIR/topology.txt (`scontrol show topology`) and DIR/nodes.txt (`scontrol -d -o show node`: -d adds
 # GresUsed, the GPUs in use, without which a MIXED node's free GPUs are unknown);
+# on SLURM >= 25.05 also topoconf.yaml, partitions.txt and topology-NAME.txt per named topology;
 # each file appears whole or not at all.
 set -euo pipefail
 if [ $# -ne 1 ]; then
@@ -12,15 +13,26 @@ fi
 command -v scontrol >/dev/null || { echo "capture.sh: scontrol not found on PATH (run on a login node)" >&2; exit 2; }
 dir=$1
 mkdir -p "$dir"
-for pair in "topology.txt:show topology" "nodes.txt:-d -o show node"; do
-    name=${pair%%:*}
-    read -r -a args <<< "${pair#*:}"
+capture() {  # capture FILE SCONTROL-ARGS...: the file appears whole or not at all
+    local name=$1; shift
+    local tmp
     tmp=$(mktemp "$dir/.$name.XXXXXX")
-    if ! env -u SLURM_TOPO_LEN scontrol "${args[@]}" > "$tmp"; then
+    if ! env -u SLURM_TOPO_LEN scontrol "$@" > "$tmp"; then
         rm -f "$tmp"
-        echo "capture.sh: scontrol ${args[*]} failed" >&2
+        echo "capture.sh: scontrol $* failed" >&2
         exit 1
     fi
     mv "$tmp" "$dir/$name"
-done
+}
+capture topology.txt show topology
+capture nodes.txt -d -o show node
+# SLURM >= 25.05: several named topologies (topology.yaml); a bare argument to `show topology` is a name.
+read -r major minor < <(scontrol --version | grep -oE '[0-9]+\.[0-9]+' | head -1 | tr . ' ')
+if [ "${major:-0}" -gt 25 ] || { [ "${major:-0}" -eq 25 ] && [ "$((10#${minor:-0}))" -ge 5 ]; }; then
+    capture topoconf.yaml show topoconf
+    capture partitions.txt -o show partition
+    for topo in $(awk '/^- topology:/ {print $3}' "$dir/topoconf.yaml"); do
+        capture "topology-$topo.txt" show topology "$topo"
+    done
+fi
 echo "captured $(grep -c . "$dir/topology.txt") topology lines and $(grep -c . "$dir/nodes.txt") nodes into $dir"

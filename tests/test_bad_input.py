@@ -61,6 +61,12 @@ def snapshot(topology: str | None = None, nodes: str | None = None, nodes_file: 
     return prepare
 
 
+def topoconf(ctx: Ctx):
+    """A SLURM >= 25.05 snapshot: the 25.11 capture's topology.yaml (topologies ib and nvl) beside the others."""
+    (ctx.tmp / "snap" / "topoconf.yaml").write_text(
+        (ROOT / "tests" / "fixtures" / "slurm-25.11.7" / "multi_topology_yaml" / "show_topoconf.txt").read_text())
+
+
 def states(replace: str):
     """The captured nodes with every State= replaced."""
     return re.sub(r"State=\S+", f"State={replace}", _fixture("show_node_oneliner.txt"))
@@ -163,7 +169,9 @@ TEXT = {"kind": "text", "paths": ["{tmp}/data"], "tokenizer": "{TOKENIZER}"}
 RANK1_OF_2 = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "{port}"}
 SLURM_RANK1_OF_2 = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "4242"}
 FL2 = {"strategy": "fl_fsdp", "F": 2, "A": 2}
-FAIL_SCONTROL = 'echo "slurm_load_topo error: Unable to contact slurm controller (connect failure)" >&2\nexit 1\n'
+# scontrol --version answers without a controller; everything else needs one
+FAIL_SCONTROL = ('[ "$1" = --version ] && { echo "slurm 22.05.8"; exit 0; }\n'
+                 'echo "slurm_load_topo error: Unable to contact slurm controller (connect failure)" >&2\nexit 1\n')
 TWO_LEAVES = ("SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]\n"
               "SwitchName=leaf02 Level=0 LinkSpeed=1 Nodes=lrdn[0004-0008]\n"
               "SwitchName=spine Level=1 LinkSpeed=1 Nodes=lrdn[0001-0008] Switches=leaf[01-02]\n")
@@ -325,6 +333,8 @@ CASES = [
      snapshot(nodes=states("ALLOCATED"))),
     ("all-nodes-down", launcher(*SNAP), "needs 2 nodes of 4 GPUs but only 0 are usable",
      snapshot(nodes=states("DOWN+DRAIN"))),
+    ("unknown-topology-name", launcher(*SNAP, "cluster.topology_name=nvl72"),
+     "unknown topology 'nvl72' (cluster.topology_name): this cluster has ib, nvl", both(snapshot(), topoconf)),
     ("testbed-outside-namespace", launcher("cluster=testbed", "action=plan"),
      "must be used from network namespace fsb-hub", None),
     ("sweep-locked", launcher(), "another launcher (pid 4242) is running on {tmp}/results/local/smoke", locked_sweep),

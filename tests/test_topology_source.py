@@ -12,6 +12,7 @@ from tests.support import PYTHON_ONLY, ROOT, clean_env
 FIXTURES = ROOT / "tests" / "fixtures" / "slurm-22.05.8"
 SCONTROL = """#!/bin/sh
 case "$*" in
+  "--version") echo "slurm 22.05.8" ;;
   "show config") {config} ;;
   "show topology") /bin/cat {fixtures}/show_topology.txt ;;
   "-d -o show node") /bin/cat {fixtures}/show_node_oneliner.txt ;;

@@ -216,7 +216,9 @@ def load(cluster) -> tuple[Topology, str, bool]:
     else:
         source, live = "virtual nodes", False
     if live:
-        topo = build(scontrol.topology_text(cluster.snapshot), scontrol.nodes_text(cluster.snapshot))
+        name = scontrol.topology_name(cluster)
+        topo = build(scontrol.topology_text(cluster.snapshot, name), scontrol.nodes_text(cluster.snapshot))
+        source += f", topology {name}" if name else ""
     else:
         topo = ideal(cluster.nodes, cluster.nodes_per_level)
     return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), source, live

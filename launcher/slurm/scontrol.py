@@ -1,5 +1,6 @@
 """The one place that runs `scontrol` and `squeue`: topology and node texts (live, or from a snapshot
-directory of topology.txt and nodes.txt), job states, the cluster's name, whether accounting answers.
+directory of topology.txt and nodes.txt; on SLURM >= 25.05 also topoconf.yaml, topology-NAME.txt and
+partitions.txt), the named topology to use, job states, the cluster's name, whether accounting answers.
 Their text is parsed by launcher.slurm.parse."""
 from __future__ import annotations
 
@@ -72,9 +73,76 @@ def accounting_enabled() -> bool:
     return not re.search(r"^AccountingStorageType\s*=\s*accounting_storage/none", config, re.M)
 
 
-def topology_text(snapshot: str | None) -> str:
-    """`scontrol show topology`, or topology.txt of a snapshot directory."""
-    return run_scontrol(["show", "topology"]) if snapshot is None else _snapshot_file(snapshot, "topology.txt")
+NAMED_TOPOLOGIES = (25, 5)  # from SLURM 25.05 a cluster may hold several topologies (topology.yaml), and a bare
+# argument to `scontrol show topology` is a topology's name; before, it was a node list
+
+
+def version() -> tuple[int, int]:
+    """(major, minor) of this machine's scontrol, from `scontrol --version` (`slurm 25.11.7`)."""
+    out = run_scontrol(["--version"])
+    found = re.search(r"(\d+)\.(\d+)", out)
+    if not found:
+        raise SlurmError(f"scontrol --version printed no version: {out.strip()[:80]!r}")
+    return int(found.group(1)), int(found.group(2))
+
+
+def topology_text(snapshot: str | None, name: str | None = None) -> str:
+    """`scontrol show topology [NAME]` (a name only on SLURM >= 25.05: topology_name), or topology.txt
+    (topology-NAME.txt) of a snapshot directory."""
+    if snapshot is not None:
+        return _snapshot_file(snapshot, "topology.txt" if name is None else f"topology-{name}.txt")
+    return run_scontrol(["show", "topology", *([name] if name else [])])
+
+
+def topology_name(cluster) -> str | None:
+    """The named topology (SLURM >= 25.05) to plan on: cluster.topology_name, else the one cluster.partition
+    uses (its Topology=), else None (the cluster's default; on older SLURM the only one). A name this
+    cluster's topology.yaml lacks is one ConfigError listing those it has."""
+    snapshot = cluster.snapshot
+    if snapshot is None and version() < NAMED_TOPOLOGIES:
+        if cluster.topology_name:
+            raise ConfigError(f"cluster.topology_name={cluster.topology_name} needs SLURM >= 25.05 (several named "
+                              f"topologies); this scontrol is {'.'.join(map(str, version()))}")
+        return None
+    if snapshot is not None and not (Path(snapshot) / "topoconf.yaml").is_file():
+        if cluster.topology_name:
+            raise ConfigError(f"cluster.topology_name={cluster.topology_name}: snapshot {snapshot} has no "
+                              f"topoconf.yaml (capture on SLURM >= 25.05 with slurm/capture.sh)")
+        return None
+    names, default = topology_names(run_scontrol(["show", "topoconf"]) if snapshot is None
+                                    else _snapshot_file(snapshot, "topoconf.yaml"))
+    name = cluster.topology_name or _partition_topology(cluster.partition, snapshot)
+    if name is not None and name not in names:
+        source = "cluster.topology_name" if cluster.topology_name else f"Topology= of partition {cluster.partition}"
+        raise ConfigError(f"unknown topology {name!r} ({source}): this cluster has {', '.join(names)}")
+    return None if name == default else name
+
+
+def topology_names(yaml_text: str) -> tuple[list[str], str | None]:
+    """(every topology's name, the cluster default's) from `scontrol show topoconf` (topology.yaml)."""
+    import yaml
+
+    try:
+        entries = yaml.safe_load(yaml_text) or []
+        names = [e["topology"] for e in entries]
+    except (yaml.YAMLError, TypeError, KeyError) as e:
+        raise ConfigError(f"scontrol show topoconf is not a list of topologies: {e}") from None
+    return names, next((e["topology"] for e in entries if e.get("cluster_default")), None)
+
+
+def _partition_topology(partition, snapshot: str | None) -> str | None:
+    """Topology= of the partition (SLURM >= 25.05), from `scontrol -o show partition` or partitions.txt."""
+    if not partition:
+        return None
+    if snapshot is not None and not (Path(snapshot) / "partitions.txt").is_file():
+        return None
+    text = run_scontrol(["-o", "show", "partition", str(partition)]) if snapshot is None \
+        else _snapshot_file(snapshot, "partitions.txt")
+    for record in re.split(r"(?=\bPartitionName=)", text):  # one-line (-o) or multi-line records
+        if re.match(rf"PartitionName={re.escape(str(partition))}\s", record + " "):
+            found = re.search(r"\bTopology=(\S+)", record)
+            return found.group(1) if found else None
+    return None
 
 
 def nodes_text(snapshot: str | None) -> str:
