@@ -113,8 +113,29 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
         if slurm_order:
             placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
         leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
-        planned.append(PlannedRun(run, placement, leaves))
+        planned.append(PlannedRun(run, placement, leaves, segment(settings.cluster, topo, run, leaves),
+                                  on_blocks=bool(topo.block_size)))
     return topo, source, usable, planned, nodes
+
+
+def segment(cluster, topo: topology.Topology, run: Run, leaves: int | None) -> int | None:
+    """--segment for an in-job run on a block topology: each federation group's nodes (the whole job for
+    FSDP/HSDP) inside one block, when a group spans several nodes and fits in the smallest block. A segment
+    asked for in sbatch_extra that no block can hold, or that does not divide the run's nodes, is refused."""
+    asked = cluster.sbatch_extra.get("segment")
+    if asked is not None:
+        if not topo.block_size:
+            raise ConfigError(f"cluster.sbatch_extra.segment={asked} needs a block topology (topology/block); "
+                              f"this cluster's is a tree")
+        if int(asked) > topo.block_size or run.nodes % int(asked):
+            raise ConfigError(f"cluster.sbatch_extra.segment={asked} cannot be met for {run.run_id}: blocks hold "
+                              f"{topo.block_size} nodes and the run needs {run.nodes} (a multiple of the segment)")
+        return None  # sbatch_extra passes it on as given
+    if leaves is None or not topo.block_size or cluster.placement != "in_job":
+        return None
+    s = run.spec
+    group = max(1, s.R * s.S // cluster.gpus_per_node)
+    return group if 1 < group <= topo.block_size and run.nodes % group == 0 else None
 
 
 def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:

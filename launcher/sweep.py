@@ -35,7 +35,9 @@ class PlannedRun:
 
     run: Run
     placement: Placement
-    leaves: int | None  # leaf switches the placement spans, when the topology is the real one
+    leaves: int | None  # leaf switches (or blocks) the placement spans, when the topology is the real one
+    segment: int | None = None  # topology/block: --segment, nodes that must share a block (plan.segment)
+    on_blocks: bool = False  # topology/block: SLURM takes --segment there, never --switches
 
 
 def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None) -> tuple[int, int, int]:

@@ -22,6 +22,7 @@ class Topology:
     leaves: dict[str, list[str]]              # leaf switch -> its nodes, in hostlist order
     nodes: dict[str, Node | None] = field(default_factory=dict)  # node -> scontrol record, when known
     bandwidth: list[float] = field(default_factory=list)
+    block_size: int | None = None             # topology/block: nodes of the smallest block (None: a tree)
 
     @property
     def top_level(self) -> int:
@@ -121,7 +122,9 @@ def from_switches(switches: list[Switch], nodes: list[Node] | None = None) -> To
 
 
 def from_blocks(blocks: list[Block], nodes: list[Node] | None = None) -> Topology:
-    """Blocks are leaves (level 0); an aggregated block becomes a level-1 switch over the blocks it covers."""
+    """Blocks are leaves (level 0); aggregated blocks are switches above them, one level per aggregation size
+    (an NVL72 cluster with block_sizes 18, 36, 72: racks, pairs of racks, groups of four), each under the
+    smallest larger one that covers it."""
     base = [b for b in blocks if not b.aggregated]
     parent: dict[str, str] = {}
     leaves = {}
@@ -132,13 +135,18 @@ def from_blocks(blocks: list[Block], nodes: list[Node] | None = None) -> Topolog
                 raise ConfigError(f"node {node} is in two blocks: {parent[node]} and {b.name}")
             parent[node] = b.name
     level = {b.name: 0 for b in base}
-    for agg in (b for b in blocks if b.aggregated):
-        level[agg.name] = 1
-        covered = set(agg.nodes)
-        for b in base:
-            if set(b.nodes) <= covered and b.name not in parent:
-                parent[b.name] = agg.name
-    return _rooted(parent, level, leaves, nodes)
+    aggregated = sorted((b for b in blocks if b.aggregated), key=lambda b: len(b.nodes))
+    sizes = sorted({len(b.nodes) for b in aggregated})
+    for agg in aggregated:
+        level[agg.name] = 1 + sizes.index(len(agg.nodes))
+    for child in base + aggregated:
+        above = next((a for a in aggregated if len(a.nodes) > len(child.nodes) and set(child.nodes) <= set(a.nodes)),
+                     None)
+        if above is not None:
+            parent[child.name] = above.name
+    topo = _rooted(parent, level, leaves, nodes)
+    topo.block_size = min(len(b.nodes) for b in base)
+    return topo
 
 
 def flat(node_names: list[str]) -> Topology:
@@ -258,8 +266,10 @@ def _has_scontrol() -> bool:
 
 def to_json(topo: Topology) -> dict:
     """What a job or a report needs to re-derive placements: the tree and its bandwidth (node states are not kept)."""
-    return {"parent": topo.parent, "level": topo.level, "leaves": topo.leaves, "bandwidth": topo.bandwidth}
+    return {"parent": topo.parent, "level": topo.level, "leaves": topo.leaves, "bandwidth": topo.bandwidth,
+            "block_size": topo.block_size}
 
 
 def from_json(raw: dict) -> Topology:
-    return Topology(parent=raw["parent"], level=raw["level"], leaves=raw["leaves"], bandwidth=raw["bandwidth"])
+    return Topology(parent=raw["parent"], level=raw["level"], leaves=raw["leaves"], bandwidth=raw["bandwidth"],
+                    block_size=raw.get("block_size"))
