@@ -198,7 +198,7 @@ CASES = [
                                               "paper_table3, paper_table4, "
                                               "placement_ablation, precision_fp32, precision_paper, smoke",
      None),
-    ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, slurm", None),
+    ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, nvl72, slurm", None),
     ("unknown-model", launcher("model=nope"), "available model: llama3_8b, mini, small, tiny", None),
     ("unknown-override-key", launcher("train.bogus=1"), "Could not override 'train.bogus': no such key", None),
     ("unknown-train-key", launcher("+train.bogus=1"), "unknown train key(s): bogus", None),
