@@ -109,6 +109,11 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     planned = []
     for run in runs:
         s, G = run.spec, settings.cluster.gpus_per_node
+        group_nodes = s.R * s.S // G
+        if topo.block_size and s.strategy == "fl_hsdp" and group_nodes > topo.block_size:
+            raise ConfigError(f"{run.run_id}: a federation group of {group_nodes} nodes cannot sit inside one block "
+                              f"of {topo.block_size}, so its replicas would cross blocks every step; choose F so that "
+                              f"{run.nodes} / F <= {topo.block_size} (sweep.F)")
         placement = allocate.place(s.F, s.R, s.S, G, topo, usable)
         if slurm_order:
             placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)

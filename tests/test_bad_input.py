@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -65,6 +66,11 @@ def topoconf(ctx: Ctx):
     """A SLURM >= 25.05 snapshot: the 25.11 capture's topology.yaml (topologies ib and nvl) beside the others."""
     (ctx.tmp / "snap" / "topoconf.yaml").write_text(
         (ROOT / "tests" / "fixtures" / "slurm-25.11.7" / "multi_topology_yaml" / "show_topoconf.txt").read_text())
+
+
+def nvl72(ctx: Ctx):
+    """The NVL72-like block snapshot (tests/fixtures/nvl72) at {tmp}/snap."""
+    shutil.copytree(ROOT / "tests" / "fixtures" / "nvl72", ctx.tmp / "snap")
 
 
 def states(replace: str):
@@ -335,6 +341,12 @@ CASES = [
      snapshot(nodes=states("DOWN+DRAIN"))),
     ("unknown-topology-name", launcher(*SNAP, "cluster.topology_name=nvl72"),
      "unknown topology 'nvl72' (cluster.topology_name): this cluster has ib, nvl", both(snapshot(), topoconf)),
+    ("group-larger-than-block", launcher("cluster=nvl72", "cluster.snapshot={tmp}/snap", "sweep=paper_table3",
+                                         "sweep.F=[4]", "action=plan"),
+     "fl_hsdp-F4-R32-S4-A8: a federation group of 32 nodes cannot sit inside one block of 18", nvl72),
+    ("segment-cannot-be-met", launcher("cluster=nvl72", "cluster.snapshot={tmp}/snap",
+                                       "+cluster.sbatch_extra.segment=20", "action=plan"),
+     "cluster.sbatch_extra.segment=20 cannot be met for fsdp-F1-R1-S8: blocks hold 18 nodes", nvl72),
     ("testbed-outside-namespace", launcher("cluster=testbed", "action=plan"),
      "must be used from network namespace fsb-hub", None),
     ("sweep-locked", launcher(), "another launcher (pid 4242) is running on {tmp}/results/local/smoke", locked_sweep),

@@ -62,3 +62,9 @@ def test_the_25_11_block_capture_plans_with_segments(tmp_path):
     p = planned[0]  # fl_hsdp (2, 2, 4): each group of 2 nodes in one 2-node block
     assert p.placement.hierarchy_ok and p.placement.bandwidth == {"B_S": 200e9, "B_R": 100e9, "B_F": 25e9}
     assert slurm_parameters(settings.cluster, p)["additional_parameters"]["segment"] == 2
+
+
+def test_an_fl_hsdp_group_no_block_can_hold_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"^fl_hsdp-F4-R32-S4-A8: a federation group of 32 nodes cannot sit inside "
+                                          r"one block of 18, .* choose F so that 128 / F <= 18 \(sweep.F\)$"):
+        _plan(f"results_dir={tmp_path}", "sweep.F=[4]")
