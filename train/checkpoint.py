@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .errors import SpecError
-from .spec import RunSpec, coords, identity, identity_changes
+from .spec import ELASTIC, RunSpec, coords, identity, identity_changes
 
 PREFIX = "step-"
 
@@ -41,16 +41,21 @@ class TrainState:
     def __init__(self, schedule: torch.optim.lr_scheduler.LRScheduler):
         self.step = 0
         self.aggregations = 0
+        self.tokens = 0  # tokens trained over every attempt (an elastic resume changes the world size)
+        self.layout_changes: list[dict] = []  # elastic resumes: from, to, at_step, streams_dropped
         self.train_time_s = 0.0  # training time of the steps done, over every attempt (so a resumed run's
         self.schedule = schedule  # result covers the whole run)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "aggregations": self.aggregations, "train_time_s": self.train_time_s,
+                "tokens": self.tokens, "layout_changes": self.layout_changes,
                 "scheduler": self.schedule.state_dict(), "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.aggregations = state["step"], state["aggregations"]
         self.train_time_s = state.get("train_time_s", 0.0)  # absent in checkpoints from before it was kept
+        self.tokens = state.get("tokens", 0)
+        self.layout_changes = list(state.get("layout_changes", []))
         self.schedule.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
 
@@ -72,6 +77,8 @@ class Checkpointer:
         self.average_optimizer_state = spec.train.average_optimizer_state
         self.rank = rank
         self.group = f"fed{coords(rank, spec.F, spec.R, spec.S)[0]}"  # this rank's key for per-group parts
+        self.elastic, self.world = spec.train.elastic, spec.world_size
+        self.rank_step_tokens = spec.train.batch_per_rank * spec.train.seq_len
 
     def latest(self) -> Path | None:
         """The newest published checkpoint (unfinished `.tmp` writes are never returned)."""
@@ -105,6 +112,26 @@ class Checkpointer:
             return ["model", "optim"]
         parts = [] if self.average_optimizer_state else ["optim"]
         return parts if steps_done % self.A == 0 else ["model", "optim"]
+
+    def _layout_change(self, path: Path, meta: dict) -> dict | None:
+        """The layout change an elastic resume makes (None: the same layout), or SpecError. Federation groups
+        may only shrink: group f of the new layout continues group f's optimizer moments and rank k stream k
+        (the streams of ranks the new layout lacks are not trained from here on, which the result records);
+        FSDP/HSDP may change R or S: DCP reshards parameters and moments."""
+        old = meta["layout"]
+        if old == self.layout:
+            return None
+        if not self.elastic:
+            raise SpecError(f"checkpoint {path} was written with {old}, this run is {self.layout}; resuming with "
+                            f"another layout needs train.elastic=true (or use a new out_dir)")
+        if old["strategy"] != self.layout["strategy"] or old["A"] != self.layout["A"]:
+            raise SpecError(f"checkpoint {path} was written by {old['strategy']} (A={old['A']}); an elastic resume "
+                            f"keeps the strategy and A, this run is {self.layout['strategy']} (A={self.layout['A']})")
+        if self.A is not None and self.layout["F"] > old["F"]:
+            raise SpecError(f"checkpoint {path} has F={old['F']} federation groups; an elastic resume may shrink F, "
+                            f"not grow it to {self.layout['F']}")
+        before = meta.get("world", old["F"] * old["R"] * old["S"])
+        return {"from": old, "to": self.layout, "at_step": meta["step"], "streams_dropped": max(0, before - self.world)}
 
     def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts_per_group: list[str],
                outer: dict) -> dict:
@@ -142,7 +169,8 @@ class Checkpointer:
         if self.rank == 0:
             meta = {"step": train_state["step"], "aggregations": train_state["aggregations"], "layout": self.layout,
                     "scheduler": train_state["scheduler"], "per_group": parts_per_group, "spec": self.identity,
-                    "train_time_s": train_state["train_time_s"]}
+                    "train_time_s": train_state["train_time_s"], "tokens": train_state["tokens"],
+                    "layout_changes": train_state["layout_changes"], "world": self.world}
             (tmp / "meta.json").write_text(json.dumps(meta))
             os.replace(tmp, final)
             for old in sorted(p for p in self.root.glob(f"{PREFIX}*"))[:-self.keep]:
@@ -155,10 +183,12 @@ class Checkpointer:
         """Restore everything `save` wrote; refuse a checkpoint written with another layout, or by a spec that
         differs in anything the result depends on (a changed `steps` would resume on the old LR schedule)."""
         meta = json.loads((path / "meta.json").read_text())
-        if meta["layout"] != self.layout:
-            raise SpecError(f"checkpoint {path} was written with {meta['layout']}, this run is {self.layout}; "
-                            f"resuming with another layout is refused (resharding is not supported: use a new out_dir)")
-        changes = identity_changes(meta.get("spec", self.identity), self.identity)
+        moved = self._layout_change(path, meta)
+        if "tokens" not in meta:  # written before tokens were counted: every step on the checkpoint's layout
+            old = meta["layout"]
+            meta["tokens"] = meta["step"] * old["F"] * old["R"] * old["S"] * self.rank_step_tokens
+        changes = [c for c in identity_changes(meta.get("spec", self.identity), self.identity)
+                   if not (moved and c.split(":")[0] in ELASTIC)]
         if changes:
             raise SpecError(f"checkpoint {path} was written by another spec ({', '.join(changes)}); resuming it would "
                             f"mix two experiments: use a new out_dir, or delete {self.root} to start afresh")
@@ -169,4 +199,7 @@ class Checkpointer:
         set_state_dict(model, optimizer, model_state_dict=mine["model"], optim_state_dict=mine["optim"])
         if outer:
             fedavg.load_outer_state(shards["outer"])
-        state.load_state_dict({**meta, "rng": torch.load(path / f"rank{self.rank}.pt")["rng"]})
+        rng = path / f"rank{self.rank}.pt"  # a rank the checkpoint's layout did not have keeps its seeded RNG
+        state.load_state_dict({**meta, "rng": torch.load(rng)["rng"] if rng.exists() else torch.get_rng_state()})
+        if moved:
+            state.layout_changes.append(moved)

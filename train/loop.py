@@ -115,6 +115,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         self.state.step = step + 1
+        self.state.tokens += self.world * self.cfg.batch_per_rank * self.cfg.seq_len
         t_opt = self.clock.lap()
         self._enter("aggregation", step)
         aggregated = self.fedavg is not None and self.fedavg.after_step(step + 1)
@@ -239,7 +240,7 @@ class Trainer:
 
     def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend, exchange: dict) -> RunResult:
         spec, cfg = self.spec, self.cfg
-        tokens = cfg.steps * self.world * cfg.batch_per_rank * cfg.seq_len  # the whole run, as train_time
+        tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         tokens_per_s = tokens / train_time
         n_params = models.count_params(self.model)
         mfu = None
@@ -259,6 +260,7 @@ class Trainer:
             aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
             peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend, data=self.source.describe(),
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
+            layout_changes=self.state.layout_changes,
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,

@@ -138,6 +138,8 @@ class RunResult:
     aggregation_bytes: int = _doc("bytes one rank sent over the federation links in the last FedAvg event, a "
                                   "sync of the whole model (a streamed run's is its final average; the exchanging "
                                   "ranks' max; train.aggregation_dtype sets their type)", default=0)
+    layout_changes: list[dict] = _doc("elastic resumes (train.elastic): from and to layout, the step, and how many "
+                                      "data streams were no longer trained from there on", default_factory=list)
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
                                          "behind training or not (rank max; the aggregation phase shows the exposed "
                                          "part when train.outer_delay overlaps it)", default=0.0)

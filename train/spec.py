@@ -64,6 +64,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
     stop_check_every: int = 5  # steps between checks for the scheduler's stop signal (then checkpoint, requeue)
+    elastic: bool = False  # a resume may change F (fewer federation groups), R or S: train.checkpoint
 
     @property
     def streamed(self) -> bool:
@@ -95,6 +96,8 @@ class TrainConfig:
             raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
         if not self.watchdog_s > 0:
             raise SpecError(f"train.watchdog_s must be > 0, got {self.watchdog_s}")
+        if not isinstance(self.elastic, bool):
+            raise SpecError(f"train.elastic must be true or false, got {self.elastic!r}")
         if not self.timeout_s > 0:
             raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
         if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
@@ -236,7 +239,9 @@ class RunSpec:
 # checkpoint. Every other key is part of the run's identity (train.loop refuses a checkpoint, and the launcher
 # a run directory, made with a spec that differs in any of them).
 NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.checkpoint_every",
-                          "train.keep_checkpoints", "train.stop_check_every"})
+                          "train.keep_checkpoints", "train.stop_check_every", "train.elastic"})
+# What an elastic resume (train.elastic) may change: the layout, and the run id that names it.
+ELASTIC = frozenset({"F", "R", "S", "run_id"})
 
 
 def identity(spec: dict) -> dict:
