@@ -71,7 +71,7 @@ def test_resuming_with_another_layout_or_spec_is_refused(tmp_path):
     other = _spec(tmp_path, "run", strategy="fl_fsdp", F=4, R=1, S=1, train={"steps": 4, "seq_len": 16})
     proc = _torchrun(other)
     _, err = proc.communicate(timeout=600)
-    assert proc.returncode != 0 and "resuming with another layout is refused" in err
+    assert proc.returncode != 0 and "resuming with another layout needs train.elastic=true" in err
     # Same layout, another experiment: a changed `steps` would resume on the old LR schedule.
     longer = _spec(tmp_path, "run", train={"steps": 6, "seq_len": 16, "checkpoint_every": 3})
     proc = _torchrun(longer)
