@@ -109,38 +109,38 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     planned = []
     for run in runs:
         s, G = run.spec, settings.cluster.gpus_per_node
-        group_nodes = s.R * s.S // G
-        if topo.block_size and s.strategy == "fl_hsdp" and group_nodes > topo.block_size:
-            raise ConfigError(f"{run.run_id}: a federation group of {group_nodes} nodes cannot sit inside one block "
-                              f"of {topo.block_size}, so its replicas would cross blocks every step; choose F so that "
-                              f"{run.nodes} / F <= {topo.block_size} (sweep.F)")
         placement = allocate.place(s.F, s.R, s.S, G, topo, usable)
         if slurm_order:
             placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
         leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
-        planned.append(PlannedRun(run, placement, leaves, segment(settings.cluster, topo, run, leaves),
-                                  on_blocks=bool(topo.block_size)))
+        planned.append(PlannedRun(run, placement, leaves, topology_request(settings.cluster, topo, run, leaves)))
     return topo, source, usable, planned, nodes
 
 
-def segment(cluster, topo: topology.Topology, run: Run, leaves: int | None) -> int | None:
-    """--segment for an in-job run on a block topology: each federation group's nodes (the whole job for
-    FSDP/HSDP) inside one block, when a group spans several nodes and fits in the smallest block. A segment
-    asked for in sbatch_extra that no block can hold, or that does not divide the run's nodes, is refused."""
-    asked = cluster.sbatch_extra.get("segment")
-    if asked is not None:
-        if not topo.block_size:
-            raise ConfigError(f"cluster.sbatch_extra.segment={asked} needs a block topology (topology/block); "
-                              f"this cluster's is a tree")
-        if int(asked) > topo.block_size or run.nodes % int(asked):
+def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | None) -> dict:
+    """What an in-job run asks SLURM for so that it lands low in the topology: on a tree, --switches=K@wait (K =
+    the leaves the plan spans); on blocks, --segment=K (K = one federation group's nodes, the whole job for
+    FSDP/HSDP) when a group spans several nodes and fits the smallest block. On blocks, an FL+HSDP group no
+    block can hold, or a sbatch_extra.segment that none can, is refused."""
+    group_nodes, _ = allocate.units(run.spec.F, run.spec.R, run.spec.S, cluster.gpus_per_node)
+    if topo.block_size:
+        if run.spec.strategy == "fl_hsdp" and group_nodes > topo.block_size:
+            raise ConfigError(f"{run.run_id}: a federation group of {group_nodes} nodes cannot sit inside one block "
+                              f"of {topo.block_size}, so its replicas would cross blocks every step; choose F so that "
+                              f"{run.nodes} / F <= {topo.block_size} (sweep.F)")
+        asked = cluster.sbatch_extra.get("segment")
+        if asked is not None and (int(asked) > topo.block_size or run.nodes % int(asked)):
             raise ConfigError(f"cluster.sbatch_extra.segment={asked} cannot be met for {run.run_id}: blocks hold "
                               f"{topo.block_size} nodes and the run needs {run.nodes} (a multiple of the segment)")
-        return None  # sbatch_extra passes it on as given
-    if leaves is None or not topo.block_size or cluster.placement != "in_job":
-        return None
-    s = run.spec
-    group = max(1, s.R * s.S // cluster.gpus_per_node)
-    return group if 1 < group <= topo.block_size and run.nodes % group == 0 else None
+    elif leaves is not None and "segment" in cluster.sbatch_extra:
+        raise ConfigError("cluster.sbatch_extra.segment needs a block topology (topology/block); this cluster's "
+                          "is a tree")
+    if leaves is None or cluster.placement != "in_job":
+        return {}
+    if not topo.block_size:
+        return {"switches": f"{leaves}@{cluster.switches_wait_min:02d}:00"}
+    fits = 1 < group_nodes <= topo.block_size and run.nodes % group_nodes == 0
+    return {"segment": group_nodes} if fits else {}
 
 
 def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:

@@ -6,7 +6,7 @@ node a federation group; FL+HSDP splits the nodes into F groups of R nodes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement
@@ -36,8 +36,7 @@ class PlannedRun:
     run: Run
     placement: Placement
     leaves: int | None  # leaf switches (or blocks) the placement spans, when the topology is the real one
-    segment: int | None = None  # topology/block: --segment, nodes that must share a block (plan.segment)
-    on_blocks: bool = False  # topology/block: SLURM takes --segment there, never --switches
+    topology_request: dict = field(default_factory=dict)  # sbatch --switches or --segment (plan.topology_request)
 
 
 def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None) -> tuple[int, int, int]:

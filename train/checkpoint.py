@@ -96,11 +96,14 @@ class Checkpointer:
         if self.A is None:
             return steps_done % self.every == 0
         if self.streamed:  # the first step at or after each multiple of `every` with no exchange in flight
-            residue = steps_done % self.period  # 0: just launched; below `delay`: in flight; `delay`: landed
-            quiet = not self.delay or residue >= self.delay
-            previous = steps_done - 1 - (self.delay if self.delay and residue == self.delay else 0)  # quiet too
-            return quiet and steps_done // self.every > max(previous, 0) // self.every
+            previous = next(s for s in range(steps_done - 1, -1, -1) if self._quiet(s))
+            return self._quiet(steps_done) and steps_done // self.every > previous // self.every
         return steps_done % self.A == 0 and steps_done // self.every > (steps_done - self.A) // self.every
+
+    def _quiet(self, steps_done: int) -> bool:
+        """No streamed exchange in flight after `steps_done` steps: one launches after every multiple of
+        `period` and lands `delay` steps later."""
+        return steps_done == 0 or not self.delay or steps_done % self.period >= self.delay
 
     def per_group(self, steps_done: int) -> list[str]:
         """The parts that differ between federation groups after `steps_done` steps, so are stored per

@@ -62,7 +62,7 @@ class FedAvg:
     def in_sync_after(self, steps_done: int) -> bool:
         """Whether every group holds the same parameters after `steps_done` steps (else the run ends with a
         final average)."""
-        return steps_done % self.A == 0
+        return self.due(steps_done)
 
     def flush(self) -> None:
         """Nothing is ever in flight between two steps of plain FedAvg (train.outer streams)."""

@@ -196,9 +196,9 @@ class DiLoCo(FedAvg):
 def split(numels: list[int], n: int) -> list[list[int]]:
     """n runs of consecutive tensor indices of about equal total size (by global numel, so every rank and the
     single-process reference cut alike); each run holds at least one tensor."""
-    total, out, start = sum(numels), [], 0
+    total, out, start, acc = sum(numels), [], 0, 0
     for k in range(1, n + 1):
-        end, acc = start, sum(numels[:start])
+        end = start
         while end < len(numels) - (n - k) and (end == start or acc + numels[end] / 2 <= total * k / n):
             acc += numels[end]
             end += 1

@@ -65,8 +65,8 @@ def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | No
 
 def in_slurm_order(placement: Placement, F: int, R: int, S: int, G: int, topo: Topology) -> Placement:
     """The same nodes with ranks in SLURM's own order (cluster.placement=slurm, what the paper ran): srun's block
-    distribution fills nodes in the job's node order, which is node-name order on clusters that list their
-    nodes by name, whatever the switches they hang from."""
+    distribution fills nodes in node-name order, whatever the switches they hang from (on the testbed, whose
+    slurm.conf lists tb2, tb4, tb1, tb3 by leaf, `srun -N4` numbers tasks tb1, tb2, tb3, tb4)."""
     nodes = sorted(placement.nodes, key=_name_key)
     return assess(F, R, S, [nodes[rank // G] for rank in range(F * R * S)], topo, nodes=nodes)
 

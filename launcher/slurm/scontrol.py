@@ -99,10 +99,11 @@ def topology_name(cluster) -> str | None:
     uses (its Topology=), else None (the cluster's default; on older SLURM the only one). A name this
     cluster's topology.yaml lacks is one ConfigError listing those it has."""
     snapshot = cluster.snapshot
-    if snapshot is None and version() < NAMED_TOPOLOGIES:
+    release = version() if snapshot is None else None
+    if release is not None and release < NAMED_TOPOLOGIES:
         if cluster.topology_name:
             raise ConfigError(f"cluster.topology_name={cluster.topology_name} needs SLURM >= 25.05 (several named "
-                              f"topologies); this scontrol is {'.'.join(map(str, version()))}")
+                              f"topologies); this scontrol is {'.'.join(map(str, release))}")
         return None
     if snapshot is not None and not (Path(snapshot) / "topoconf.yaml").is_file():
         if cluster.topology_name:

@@ -40,9 +40,8 @@ def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
     """submitit SlurmExecutor parameters (names as sbatch's, underscores for dashes).
 
     pinned: the planned nodes (--nodelist) and, since an ordered nodelist does not order ranks,
-    a hostfile with `srun --distribution=arbitrary`. in_job: only --nodes, and --switches when the
-    real topology is a tree (--segment on a block topology: plan.segment); ranks are ordered at job
-    start by PlacedTrainJob.
+    a hostfile with `srun --distribution=arbitrary`. in_job: only --nodes, and --switches or --segment
+    as the plan asks (plan.topology_request); ranks are ordered at job start by PlacedTrainJob.
     """
     run = planned.run
     params = {"job_name": run.run_id, "nodes": run.nodes, "ntasks_per_node": cluster.gpus_per_node,
@@ -52,10 +51,8 @@ def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
         params["nodelist"] = compress(planned.placement.nodes)
         params["srun_args"] = ["--distribution=arbitrary"]
         params["setup"].append(f"export SLURM_HOSTFILE={shlex.quote(str(hostfile_path(run)))}")
-    elif planned.segment:
-        extra.setdefault("segment", planned.segment)
-    elif planned.leaves and not planned.on_blocks:
-        extra.setdefault("switches", f"{planned.leaves}@{cluster.switches_wait_min:02d}:00")
+    else:
+        extra = {**planned.topology_request, **extra}
     if cluster.device == "cuda":
         params["gpus_per_node"] = cluster.gpus_per_node
     for key in ("account", "qos"):
