@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from launcher import shrink
 from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
 from launcher.placement import ranking as planner
@@ -103,18 +104,20 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
     usable, nodes = usable_nodes(settings, topo, runs)
-    slurm_order = settings.cluster.placement == "slurm"
+    return topo, source, usable, [place_one(settings.cluster, topo, real, usable, run) for run in runs], nodes
+
+
+def place_one(cluster, topo: topology.Topology, real: bool, usable: list[str], run: Run) -> PlannedRun:
+    """`run` placed on `usable` nodes of `topo` (`real`: SLURM's own topology), with its sbatch topology request."""
+    s, G = run.spec, cluster.gpus_per_node
+    placement = allocate.place(s.F, s.R, s.S, G, topo, usable)
+    slurm_order = cluster.placement == "slurm"
+    if slurm_order:
+        placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
     # --switches on SLURM's own tree only, and not when SLURM's order is kept: the paper asked for no switches
-    count_leaves = settings.cluster.executor == "slurm" and real and not slurm_order
-    planned = []
-    for run in runs:
-        s, G = run.spec, settings.cluster.gpus_per_node
-        placement = allocate.place(s.F, s.R, s.S, G, topo, usable)
-        if slurm_order:
-            placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
-        leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
-        planned.append(PlannedRun(run, placement, leaves, topology_request(settings.cluster, topo, run, leaves)))
-    return topo, source, usable, planned, nodes
+    count_leaves = cluster.executor == "slurm" and real and not slurm_order
+    leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
+    return PlannedRun(run, placement, leaves, topology_request(cluster, topo, run, leaves))
 
 
 def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | None) -> dict:
@@ -206,6 +209,8 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     """Place and price every run; write plan.json (action=plan prints it, action=run keeps it for the report
     and submits the placed runs it returns)."""
     runs = expand(settings) if runs is None else runs
+    if settings.retry_shrink:
+        shrink.check(runs)
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
     topo, source, usable, planned, nodes = place_runs(settings, runs)
     predictor = Predictor(settings, topo)
