@@ -16,7 +16,7 @@ from launcher.slurm.parse import (
     parse_topology_block,
     parse_topology_tree,
 )
-from launcher.slurm.scontrol import job_states, nodes_text, run_scontrol, topology_text
+from launcher.slurm.scontrol import job_nodes, job_states, lost_nodes, nodes_text, run_scontrol, topology_text
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SLURM = FIXTURES / "slurm-22.05.8"
@@ -265,3 +265,17 @@ def test_job_states_ask_squeue_once_for_all_jobs(tmp_path, monkeypatch):
                                                          "104": None}
     assert calls.read_text().splitlines() == ["squeue -h -j 101,102,103,104 -o %i %T", "scontrol -o show job 103",
                                               "scontrol -o show job 104"]
+
+
+def test_a_jobs_nodes_and_which_of_them_slurm_has_lost(tmp_path, monkeypatch):
+    """What retry_shrink reads: the nodes a running job holds, then which of them went down or drained."""
+    _fake_scontrol(tmp_path, monkeypatch, 'case "$*" in\n'
+                   '"-o show job 7") echo "JobId=7 JobState=RUNNING NodeList=tb[1-3] BatchHost=tb1";;\n'
+                   '"-o show job 8") echo "JobId=8 JobState=PENDING NodeList=(null)";;\n'
+                   '"-o show node tb[1-3]") printf "NodeName=tb1 State=MIXED\\nNodeName=tb2 State=DOWN+NOT_RESPONDING'
+                   '\\nNodeName=tb3 State=IDLE+DRAIN\\n";;\n'
+                   '*) echo "slurm_load_jobs error: Invalid job id" >&2; exit 1;;\nesac\n')
+    assert job_nodes("7") == ["tb1", "tb2", "tb3"]
+    assert job_nodes("8") == [] and job_nodes("9") == []  # holds none now / SLURM forgot it
+    assert lost_nodes(["tb1", "tb2", "tb3"]) == ["tb2", "tb3"]
+    assert lost_nodes(["tb9"]) == []  # scontrol cannot say: nothing is called lost

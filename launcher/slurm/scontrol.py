@@ -11,7 +11,8 @@ import subprocess
 from pathlib import Path
 
 from launcher.errors import ConfigError, SlurmError
-from launcher.slurm.parse import parse_key_values
+from launcher.slurm.hostlist import compress, expand
+from launcher.slurm.parse import parse_key_values, parse_nodes
 
 
 def run_scontrol(args: list[str], timeout_s: float = 30) -> str:
@@ -56,6 +57,26 @@ def _shown_job_state(job_id: str, timeout_s: float) -> str | None:
     except SlurmError:  # unknown job id, or scontrol missing / not answering
         return None
     return fields.get("JobState")
+
+
+def job_nodes(job_id: str) -> list[str]:
+    """The nodes a job holds now (`scontrol show job` NodeList), [] when it holds none or SLURM forgot it."""
+    try:
+        fields = parse_key_values(run_scontrol(["-o", "show", "job", job_id]))
+    except SlurmError:
+        return []
+    listed = fields.get("NodeList", "")
+    return expand(listed) if listed and listed != "(null)" else []
+
+
+def lost_nodes(nodes: list[str]) -> list[str]:
+    """Those of `nodes` that SLURM now has down, drained or failing: work on them ended, and none is placed
+    there until an administrator resumes them."""
+    try:
+        live = {node.name: node for node in parse_nodes(run_scontrol(["-o", "show", "node", compress(nodes)]))}
+    except SlurmError:
+        return []
+    return [n for n in nodes if n in live and not live[n].schedulable]
 
 
 def cluster_name() -> str | None:
