@@ -101,7 +101,9 @@ SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
-ReturnToService=2
+# 1: a node set DOWN by hand stays down until resumed, as on production clusters (2 would return it as soon as
+# its slurmd re-registers, and the node-loss test could not take a node away)
+ReturnToService=1
 MpiDefault=none
 SlurmctldTimeout=30
 SlurmdTimeout=30
