@@ -4,9 +4,10 @@ from __future__ import annotations
 import logging
 import time
 
-from launcher import progress
+from launcher import progress, shrink
 from launcher.lock import SweepLock
-from launcher.plan import plan
+from launcher.placement import topology
+from launcher.plan import place_one, plan, usable_nodes
 from launcher.report import wandb_log
 from launcher.report.write import notes_for, outputs, write_report
 from launcher.settings import Settings
@@ -48,6 +49,7 @@ class Sweeper:
         self.store = Store(settings.sweep_dir)
         self.running: dict[str, tuple[Run, object]] = {}
         self.failed: dict[str, str] = {}
+        self.lost: dict[str, list[str]] = {}  # run -> nodes of its last attempt now down or drained
         self.settled = 0  # runs that reached a final state in this invocation
         self.accounting = self.cluster.executor != "slurm" or scontrol.accounting_enabled()
         self.started = time.monotonic()
@@ -64,7 +66,8 @@ class Sweeper:
         job = submit(self.cluster, planned, spec_path, attempt_folder(run_dir, attempt),
                      self.settings.sweep_dir / "topology.json")
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
-                          cluster=self.cluster.name, rank_order=self.cluster.rank_order)
+                          cluster=self.cluster.name, rank_order=self.cluster.rank_order, nodes=[])
+        self.lost.pop(run.run_id, None)
         self._watch(run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
 
@@ -116,7 +119,7 @@ class Sweeper:
                 done, state = job_done(job, self.cluster.executor, run.spec.world_size, self.accounting, slurm_states)
                 if not done:
                     if state != self.store.state(run_id):
-                        self.store.record(run_id, state=state)
+                        self._changed(run_id, job, state)
                     continue
                 del self.running[run_id]
                 result_path = self.settings.sweep_dir / run_id / "result.json"
@@ -126,6 +129,8 @@ class Sweeper:
                     self._settle_live(run_id, RunResult.load(result_path))
                 else:
                     reason = failure_reason(job, run.spec.world_size)
+                    if self._lost(run_id):
+                        reason = f"lost node(s) {', '.join(self.lost[run_id])}: {reason}"
                     self.store.record(run_id, state="FAILED", reason=reason, scheduler_state=state)
                     self.failed[run_id] = reason
                     self._settle_live(run_id, None)
@@ -139,6 +144,58 @@ class Sweeper:
                 print(self._progress(), flush=True)
             if self.running:
                 time.sleep(self.settings.poll_s)
+
+    def _changed(self, run_id: str, job, state: str) -> None:
+        """Record a job's new state, and where it runs. SLURM requeues a batch job whose node went down; it then
+        waits for that node: with retry_shrink it is cancelled, to resume on the nodes left (_resubmission)."""
+        fields = {"state": state}
+        if self.cluster.executor == "slurm" and state == "RUNNING":
+            fields["nodes"] = scontrol.job_nodes(str(job.job_id))
+        self.store.record(run_id, **fields)
+        if state != "PENDING" or not self._lost(run_id):
+            return
+        lost = ", ".join(self.lost[run_id])
+        if not self.settings.retry_shrink:
+            print(f"{run_id}: job {job.job_id} lost node(s) {lost} and waits in the queue for them (SLURM requeued "
+                  f"it); retry_shrink=true would resume it on the nodes left", flush=True)
+            return
+        print(f"{run_id}: job {job.job_id} lost node(s) {lost}; cancelling it to resume on the nodes left",
+              flush=True)
+        job.cancel(check=False)
+
+    def _lost(self, run_id: str) -> list[str]:
+        """The nodes of this run's last allocation that SLURM now has down or drained (remembered in self.lost)."""
+        nodes = self.store.entries.get(run_id, {}).get("nodes")
+        if self.cluster.executor == "slurm" and nodes:
+            self.lost[run_id] = scontrol.lost_nodes(nodes)
+        return self.lost.get(run_id, [])
+
+    def _resubmission(self, planned: PlannedRun) -> PlannedRun | None:
+        """What a retry submits: the same run, or, when its attempt lost nodes and retry_shrink is on, the run
+        placed on the nodes left: the largest layout of its strategy that they hold (shrink.layout_on), recorded
+        in the manifest. None (and one line) when they cannot hold it."""
+        run = planned.run
+        lost = self.lost.get(run.run_id)
+        if not lost or not self.settings.retry_shrink:
+            return planned
+        topo, _, real = topology.load(self.cluster)
+        usable = [n for n in usable_nodes(self.settings, topo, [run])[0] if n not in lost]
+        G = self.cluster.gpus_per_node
+        try:
+            to = run if len(usable) >= run.nodes else \
+                shrink.resized(run, shrink.layout_on(run.spec, len(usable), G), G, f"lost {', '.join(lost)}")
+        except shrink.ShrinkError as e:
+            print(f"fedshard: {e}", flush=True)
+            self.failed[run.run_id] = str(e)
+            return None
+        if to is not run:
+            entry = self.store.entries[run.run_id]
+            change = shrink.change(run, to, entry["attempts"], lost)
+            self.store.record(run.run_id, shrunk=[*entry.get("shrunk", []), change])
+            print(f"shrinking {run.run_id} after losing {', '.join(lost)}: (F,R,S)=({run.spec.F},{run.spec.R},"
+                  f"{run.spec.S}) on {run.nodes} nodes -> ({to.spec.F},{to.spec.R},{to.spec.S}) on {to.nodes}, "
+                  f"resuming from its last checkpoint", flush=True)
+        return place_one(self.cluster, topo, real, usable, to)
 
     def cancel_running(self) -> None:
         for run_id, (_, job) in self.running.items():
@@ -165,7 +222,8 @@ class Sweeper:
                     if not retryable(self.failed[p.run.run_id]):
                         print(f"not retrying {p.run.run_id}: it would fail the same way "
                               f"({self.failed[p.run.run_id]})", flush=True)
-                todo = [p for p in failed if retryable(self.failed[p.run.run_id])]
+                todo = [p for p in map(self._resubmission, [p for p in failed if retryable(self.failed[p.run.run_id])])
+                        if p is not None]
                 if not todo:
                     break
                 print(f"retrying {len(todo)} failed run(s)", flush=True)
@@ -186,6 +244,8 @@ def run_sweep(settings: Settings) -> int:
         # submitit warns whenever sacct has no data (no accounting); job_done() copes without it.
         logging.getLogger("submitit").setLevel(logging.ERROR)
     runs = expand(settings)
+    entries = Store(settings.sweep_dir).entries  # runs shrunk by an earlier invocation resume on their layout
+    runs = [shrink.as_recorded(r, entries.get(r.run_id, {}), settings.cluster.gpus_per_node) for r in runs]
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
     Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name,

@@ -112,6 +112,7 @@ class Settings:
     action: str
     results_dir: Path
     retries: int
+    retry_shrink: bool  # an attempt that lost nodes resumes on the largest layout the nodes left hold
     poll_s: float
     progress_s: float
     cluster: Cluster
@@ -211,6 +212,8 @@ def compose(overrides: list[str]) -> Settings:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")
     if not _is(raw["retries"], int) or raw["retries"] < 0:
         raise ConfigError(f"retries must be an integer >= 0, got {raw['retries']!r}")
+    if not isinstance(raw["retry_shrink"], bool):
+        raise ConfigError(f"retry_shrink must be true or false, got {raw['retry_shrink']!r}")
     for key in ("poll_s", "progress_s"):
         if not _is(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
@@ -226,7 +229,8 @@ def compose(overrides: list[str]) -> Settings:
     if not isinstance(sweep.train, dict):
         raise ConfigError(f"sweep.train must be a mapping, got {sweep.train!r}")
     return Settings(
-        action=raw["action"], results_dir=results_dir, retries=raw["retries"], poll_s=float(raw["poll_s"]),
+        action=raw["action"], results_dir=results_dir, retries=raw["retries"],
+        retry_shrink=raw["retry_shrink"], poll_s=float(raw["poll_s"]),
         progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
         data=raw["data"], wandb=raw["wandb"], probe=_probe_settings(raw["probe"]))

@@ -221,6 +221,9 @@ CASES = [
      None),
     ("not-a-list", launcher("sweep.strategies=fsdp"), "sweep.strategies must be a list of strings, got 'fsdp'", None),
     ("bad-retries", launcher("retries=-1"), "retries must be an integer >= 0, got -1", None),
+    ("bad-retry-shrink", launcher("retry_shrink=maybe"), "retry_shrink must be true or false, got 'maybe'", None),
+    ("shrink-without-checkpoints", launcher("retry_shrink=true"), "retry_shrink=true needs checkpoints to resume "
+     "from, but fsdp-F1-R1-S4 has train.checkpoint_every=0 (1 more run(s) too): set train.checkpoint_every=K", None),
     ("bad-train-value", launcher("train.lr=-1"), "train.lr must be > 0", None),
     ("bad-executor", launcher("cluster.executor=pbs"), "cluster.executor must be local or slurm, got 'pbs'", None),
     ("bad-placement-mode", launcher("cluster.placement=random"),

@@ -176,6 +176,49 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     assert losses(run_dir) == reference
 
 
+SHRINK_RUN = "fl_fsdp-F4-R1-S2-A2"
+
+
+def test_a_node_lost_mid_run_shrinks_the_federation_and_the_loss_curve_goes_on(testbed, tmp_path):
+    """retry_shrink: tb4 goes down after the step-20 checkpoint; SLURM requeues the job, which would wait for
+    tb4; the launcher cancels it and resumes the run from its checkpoint on 3 federation groups. The tasks
+    train on for KillWait (10 s, ~50 steps here) after the node goes down: 160 steps keep the run from ending
+    first on a faster machine."""
+    _wait_idle()
+    sweep = tmp_path / "testbed" / "smoke"
+    launcher = subprocess.Popen(
+        [LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
+         "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=160", "sweep.train.log_every=10",
+         "train.checkpoint_every=20", "train.stop_check_every=1", "retries=1", "retry_shrink=true",
+         f"results_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for((sweep / SHRINK_RUN / "checkpoints" / "step-000020").exists, "the step-20 checkpoint",
+                 alive=lambda: launcher.poll() is None)
+        lab("scontrol", "update", "nodename=tb4", "state=down", "reason=fedshard-node-loss-test").check_returncode()
+        out, err = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        lab("scontrol", "update", "nodename=tb4", "state=resume")
+    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    entry = json.loads((sweep / "manifest.jsonl").read_text())
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 2, entry
+    assert entry["shrunk"] == [{"attempt": 1, "lost": ["tb4"], "from": {"F": 4, "R": 1, "S": 2, "nodes": 4},
+                                "to": {"F": 3, "R": 1, "S": 2, "nodes": 3}}]
+    result = RunResult.load(sweep / SHRINK_RUN / "result.json")
+    assert (result.F, result.world_size) == (3, 6) and "tb4" not in {r.node for r in result.ranks}
+    [change] = result.layout_changes
+    assert change["at_step"] >= 20 and change["streams_dropped"] == 2
+    logged = losses(sweep / SHRINK_RUN)
+    assert [step for step, _, _ in logged] == list(range(1, 161))  # every step logged once, across both attempts
+    curve = {step: loss for step, loss, _ in logged}
+    resumed = change["at_step"] + 1
+    # No jump back to the initial loss: the first step on 3 groups is nearer the loss before the shrink.
+    assert abs(curve[resumed] - curve[resumed - 1]) < abs(curve[resumed] - curve[1])
+    print("loss across the shrink:", {s: round(curve[s], 3) for s in (1, resumed - 1, resumed, 160)})
+    assert "(4,1,2) → (3,1,2)*" in (sweep / "table3.md").read_text() and "lost node(s) tb4" in out
+
+
 def test_teardown_leaves_no_process_or_namespace(testbed):
     pids = json.loads(Path("/tmp/fedshard-testbed/pids.json").read_text())
     inside = {ns: subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split()

@@ -16,10 +16,13 @@ TOLERANCE = 0.20  # the band the plot shades and the notes count against
 def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
     """One row per configuration (repeats grouped); None when plan.json predates the step-time model."""
     entries = {e["run_id"]: e for e in plan["runs"] if "predicted_step_s" in e}
-    rows, sources = [], []  # sources: each row's compute source
+    rows, sources, shrunk = [], [], []  # sources: each row's compute source
     for r in sorted(group_repeats(results), key=paper_order):
         e = entries.get(r["runs"][0])  # repeats share a layout, so a prediction
         if e is None or not e["predicted_step_s"]:
+            continue
+        if r["layout_changes"]:  # its measured step mixes two layouts, the prediction priced one
+            shrunk.append(r["run_id"])
             continue
         measured = r["train_time_s"] / r["steps"]
         spread = r["train_time_s_std"] / r["steps"] if r["train_time_s_std"] is not None else None
@@ -36,6 +39,9 @@ def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
                    "predicted_full_overlap_s", "predicted_no_overlap_s", "predicted_compute_s",
                    "predicted_shard_comm_s", "predicted_replicate_comm_s", "predicted_federation_comm_s"],
                   rows, ["text"] + ["auto"] * 4 + ["fixed"] + ["auto"] * 6)
+    if shrunk:
+        table.notes.append(f"Left out: {', '.join(shrunk)}, whose runs lost nodes and resumed on another layout "
+                           f"(retry_shrink).")
     unknown = [source for source in sources if source.startswith("unknown")]
     if unknown:
         table.notes.append(f"Compute was unknown when {len(unknown)} of these were planned (no probe, no peak_flops): "

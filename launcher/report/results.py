@@ -29,8 +29,8 @@ def load_results(sweep_dir: Path) -> list[RunResult]:
 
 def group_repeats(results: list[RunResult]) -> list[dict]:
     """One table row per configuration: a RunResult's fields (numbers averaged over its repeats, phase
-    stats pooled over all their steps), plus `runs` (the run ids), `repeats` and `<field>_std` (sample std
-    over repeats; None for one run) for the SPREAD fields."""
+    stats pooled over all their steps, every repeat's layout changes with its run_id), plus `runs` (the run
+    ids), `repeats` and `<field>_std` (sample std over repeats; None for one run) for the SPREAD fields."""
     groups: dict[str, list[RunResult]] = {}
     for r in results:
         groups.setdefault(_REPEAT.sub("", r.run_id), []).append(r)
@@ -49,6 +49,7 @@ def _merge(config: str, runs: list[RunResult]) -> dict:
             merged[key] = None  # a target one repeat never reached is not reached on average
         elif _is_number(value):
             merged[key] = _mean([r[key] for r in rows if _is_number(r[key])])
+    merged["layout_changes"] = [{**change, "run_id": r.run_id} for r in runs for change in r.layout_changes]
     merged["phases"] = {p: Stats.pool([r.phases[p] for r in runs]) for p in runs[0].phases}
     merged["aggregation_event"] = Stats.pool([r.aggregation_event for r in runs])
     for key in SPREAD:

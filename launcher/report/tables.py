@@ -117,10 +117,35 @@ def _build(title: str, columns: list[tuple], rows: list[dict]) -> Table:
     return Table(title, [c[0] for c in columns], [[c[2](r) for c in columns] for r in rows], [c[1] for c in columns])
 
 
+def planned_layout(r: dict) -> dict:
+    """The layout a row's configuration was planned with: before any elastic resume changed it (retry_shrink)."""
+    return r["layout_changes"][0]["from"] if r["layout_changes"] else r
+
+
+def planned_world(r: dict) -> int:
+    layout = planned_layout(r)
+    return layout["F"] * layout["R"] * layout["S"]
+
+
+def _layout_cell(r: dict) -> str:
+    """(F,R,S) as planned, and `→ (F',R',S')*` where a run lost nodes and resumed on fewer (shrink_notes)."""
+    cell = "({F},{R},{S})".format(**planned_layout(r))
+    return cell + " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"]) if r["layout_changes"] else cell
+
+
 def _config_columns() -> list[tuple]:
     return [("Strategy", "text", lambda r: NAMES[r["strategy"]]),
-            ("(F,R,S)", "text", lambda r: f"({r['F']},{r['R']},{r['S']})"),
+            ("(F,R,S)", "text", _layout_cell),
             ("A", "auto", lambda r: r["A"])]
+
+
+def shrink_notes(rows: list[dict]) -> list[str]:
+    """One note per layout change: which run resumed where, and what its numbers then describe."""
+    return [f"* {c['run_id']} resumed at step {c['at_step']} on (F,R,S)=({c['to']['F']},{c['to']['R']},"
+            f"{c['to']['S']}) instead of ({c['from']['F']},{c['from']['R']},{c['from']['S']}) after losing nodes "
+            f"(retry_shrink, train.elastic); {c['streams_dropped']} data stream(s) were not trained from there on. "
+            f"Its time, throughput and perplexity mix the two layouts."
+            for r in rows for c in r["layout_changes"]]
 
 
 def _paper(key: str):
@@ -135,11 +160,11 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
     fsdp: dict[int, dict] = {}
     for r in rows:
         if r["strategy"] == "fsdp":
-            fsdp.setdefault(r["world_size"], r)
+            fsdp.setdefault(planned_world(r), r)
 
     def ratio(key: str):
         def cell(r):
-            base = fsdp.get(r["world_size"])
+            base = fsdp.get(planned_world(r))
             return base[key] / r[key] if base and base[key] is not None and r[key] else None
         return cell
 
@@ -165,7 +190,7 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
 
     def within_noise(r) -> str:
         """The measures whose difference from FSDP's is smaller than the two runs' spreads added."""
-        base = fsdp.get(r["world_size"])
+        base = fsdp.get(planned_world(r))
         if base is None or base is r or r["repeats"] < 2 or base["repeats"] < 2:
             return ""
         same = [name for key, name in (("train_time_s", "time"), ("eval_ppl", "eval PPL"))
@@ -197,6 +222,7 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         "difference." if spread else
         "One run per configuration: every number is a single sample, so differences of a few percent may be "
         "run-to-run noise (sweep.repeats=3 measures the spread).")
+    table.notes += shrink_notes(rows)
     return table
 
 
@@ -218,5 +244,7 @@ def table4(results: list[RunResult]) -> Table:
     if any(map(reproduces_paper, rows)):
         columns += [(f"Paper {p} (s)" if p != "aggregation" else "Paper aggregation per step (s)", "fixed",
                      _paper(p)) for p in ("forward", "backward", "aggregation")]
-    return _build("Table 4: phase times (s, mean ± std over steps; aggregation also per FedAvg event)",
-                  columns, rows)
+    table = _build("Table 4: phase times (s, mean ± std over steps; aggregation also per FedAvg event)",
+                   columns, rows)
+    table.notes += shrink_notes(rows)
+    return table

@@ -1,0 +1,76 @@
+"""retry_shrink: a run whose nodes went down or drained resumes, from its last checkpoint (train.elastic), on
+the largest layout of its strategy that the nodes left hold. The manifest records every change (`shrunk`),
+so a later invocation resubmits the run on its shrunk layout rather than refusing its checkpoints."""
+from __future__ import annotations
+
+from launcher.errors import ConfigError
+from launcher.placement import allocate
+from launcher.sweep import Run
+from train.spec import RunSpec
+
+
+class ShrinkError(ConfigError):
+    """The nodes left cannot hold the run's strategy (an FL run below F = 2, or no node at all)."""
+
+
+def check(runs: list[Run]) -> None:
+    """retry_shrink resumes from a checkpoint: refuse, before anything is submitted, runs that write none."""
+    bare = [r.run_id for r in runs if not r.spec.train.checkpoint_every]
+    if bare:
+        raise ConfigError(f"retry_shrink=true needs checkpoints to resume from, but {bare[0]} has "
+                          f"train.checkpoint_every=0" + (f" ({len(bare) - 1} more run(s) too)" if len(bare) > 1 else "")
+                          + ": set train.checkpoint_every=K")
+
+
+def layout_on(spec: RunSpec, nodes: int, G: int) -> tuple[int, int, int]:
+    """The largest (F, R, S) of the run's strategy on `nodes` nodes of G GPUs: FSDP shards over them all, HSDP
+    keeps S and replicates over them, an FL run keeps its federation groups' shape and drops groups (they are
+    loosely coupled: the remaining ones continue from the federation's last average)."""
+    if nodes < 1:
+        raise ShrinkError(f"{spec.run_id}: no usable node is left to resume on")
+    if spec.strategy == "fsdp":
+        return 1, 1, nodes * G
+    if spec.strategy == "hsdp":
+        return 1, max(1, nodes * G // spec.S), spec.S
+    group = spec.R * spec.S
+    F = min(spec.F, nodes * G // group)
+    while F >= 2 and not _packs(F, spec.R, spec.S, G):
+        F -= 1
+    if F < 2:
+        raise ShrinkError(f"{spec.run_id}: the {nodes} usable node(s) left hold {F} federation group(s) of "
+                          f"{group} ranks, and an FL run cannot shrink below F=2; not resubmitted")
+    return F, spec.R, spec.S
+
+
+def _packs(F: int, R: int, S: int, G: int) -> bool:
+    try:
+        allocate.units(F, R, S, G)
+    except ConfigError:
+        return False
+    return True
+
+
+def resized(run: Run, layout: tuple[int, int, int], G: int, note: str) -> Run:
+    """`run` on another (F, R, S), resuming elastically in the same directory under the same run id."""
+    F, R, S = layout
+    raw = run.spec.to_dict()
+    raw.update(F=F, R=R, S=S, train={**raw["train"], "elastic": True})
+    per_unit, units = allocate.units(F, R, S, G)
+    return Run(spec=RunSpec.from_dict(raw), nodes=per_unit * units, note=note)
+
+
+def change(run: Run, to: Run, attempt: int, lost: list[str]) -> dict:
+    """The manifest's record of one shrink."""
+    return {"attempt": attempt, "lost": lost, "from": _layout(run), "to": _layout(to)}
+
+
+def _layout(run: Run) -> dict:
+    return {"F": run.spec.F, "R": run.spec.R, "S": run.spec.S, "nodes": run.nodes}
+
+
+def as_recorded(run: Run, entry: dict, G: int) -> Run:
+    """The run as its latest recorded shrink left it (unchanged when it never shrank)."""
+    if not entry.get("shrunk"):
+        return run
+    last = entry["shrunk"][-1]["to"]
+    return resized(run, (last["F"], last["R"], last["S"]), G, f"shrunk to {last['nodes']} node(s) earlier")
