@@ -10,9 +10,9 @@ from train.result import RunResult
 STEPS, EVERY, A = 40, 10, 5
 
 
-def _spec(tmp_path, name, F, elastic=True):
-    spec = {"strategy": "fl_fsdp", "F": F, "R": 1, "S": 1, "A": A, "out_dir": str(tmp_path / "run"),
-            "run_id": "fl_fsdp-elastic", "model": {"preset": "tiny"},
+def _spec(tmp_path, name, F, elastic=True, strategy="fl_fsdp", S=1):
+    spec = {"strategy": strategy, "F": F, "R": 1, "S": S, "A": A if F > 1 else None, "out_dir": str(tmp_path / "run"),
+            "run_id": f"{strategy}-elastic", "model": {"preset": "tiny"},
             "train": {"steps": STEPS, "seq_len": 32, "lr": 1e-2, "log_every": 5, "checkpoint_every": EVERY,
                       "elastic": elastic}}
     path = tmp_path / f"{name}.json"
@@ -45,3 +45,23 @@ def test_an_fl_run_resumes_on_fewer_groups_from_the_last_average(tmp_path):
     # No jump back: the first step after the resume is nearer the loss before it than the initial loss.
     assert abs(after[21] - before[20]) < abs(after[21] - before[1])
     assert after[STEPS] < before[20]  # and training goes on from there
+
+
+def test_fsdp_resumes_on_fewer_shards_and_dcp_reshards_parameters_and_moments(tmp_path):
+    # FSDP over 4 ranks; rank 1 dies writing the step-30 checkpoint; the run resumes sharded over 2.
+    first = _torchrun(_spec(tmp_path, "four", 1, strategy="fsdp", S=4), 4,
+                      entry=("tests.crash_in_checkpoint", "30", "1"))
+    assert first.returncode != 0
+    before = {step: loss for step, loss, _ in losses(tmp_path / "run")}
+    second = _torchrun(_spec(tmp_path, "two", 1, strategy="fsdp", S=2), 2)
+    assert second.returncode == 0, second.stderr[-2000:]
+    result = RunResult.load(tmp_path / "run" / "result.json")
+    assert result.resumed_from_step == 20 and (result.S, result.world_size) == (2, 2)
+    assert result.layout_changes == [{"from": {"strategy": "fsdp", "F": 1, "R": 1, "S": 4, "A": None},
+                                      "to": {"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "A": None},
+                                      "at_step": 20, "streams_dropped": 2}]
+    after = {step: loss for step, loss, _ in losses(tmp_path / "run")}
+    # Parameters and AdamW moments resharded from 4 to 2 shards: the curve goes on from step 20 (a wrong
+    # reshard would start from scrambled weights, far above even the initial loss).
+    assert abs(after[21] - before[20]) < abs(after[21] - before[1])
+    assert after[STEPS] < before[20]
