@@ -8,7 +8,7 @@ from launcher.errors import ConfigError
 from launcher.placement import topology
 from launcher.plan import place_runs
 from launcher.settings import compose
-from launcher.slurm.submit import slurm_parameters
+from launcher.slurm.submit import sbatch_text, slurm_parameters
 from launcher.sweep import expand
 from tests.support import ROOT
 
@@ -40,6 +40,12 @@ def test_the_nvl72_plan_keeps_replicas_in_a_rack_and_asks_for_segments(tmp_path)
     fl_hsdp = planned[3].placement  # (16, 8, 4): a federation group of 8 nodes per half rack
     assert fl_hsdp.bandwidth == {"B_S": 900e9, "B_R": 900e9, "B_F": 50e9} and set(fl_hsdp.group_levels) == {0}
     assert slurm_parameters(settings.cluster, planned[3])["additional_parameters"]["segment"] == 8
+
+
+def test_the_sbatch_script_asks_for_segments_and_exclusive_topo_when_offered(tmp_path):
+    settings, planned, _ = _plan(f"results_dir={tmp_path}", "+cluster.sbatch_extra.exclusive=topo")
+    script = sbatch_text(settings.cluster, planned[3], tmp_path)
+    assert "#SBATCH --segment=8" in script and "#SBATCH --exclusive=topo" in script
 
 
 def test_a_segment_no_block_can_hold_is_refused(tmp_path):
