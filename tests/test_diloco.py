@@ -23,10 +23,10 @@ MODES = {"whole": (3, {"outer": "diloco", "outer_offload": True}, 21, 12),
 def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exactly(tmp_path, mode):
     A, keys, crash_at, resumed_from = MODES[mode]
 
-    def spec(name):
+    def spec(name, **more):
         path = _spec(tmp_path, name, A=A)
         raw = json.loads(path.read_text())
-        raw["train"].update(steps=40, checkpoint_every=10, **keys)
+        raw["train"].update(steps=40, checkpoint_every=10, **keys, **more)
         path.write_text(json.dumps(raw))
         return path
     reference = _torchrun(spec("reference"))
@@ -38,6 +38,16 @@ def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exa
     # The synchronized copy and momentum came back: a lost momentum or a stale copy changes every later loss.
     assert RunResult.load(tmp_path / "killed" / "result.json").resumed_from_step == resumed_from
     assert losses(tmp_path / "killed") == losses(tmp_path / "reference")
+    if mode != "streamed":
+        return
+    # The stop signal after step 16, while the fragment launched after it is in flight: the ranks go on to
+    # step 17 (quiet) and checkpoint there, so the resume is exact too (landing it early would not be).
+    stopped = _torchrun(spec("stopped", stop_check_every=1), entry=["tests.stop_at_step", "16"])
+    assert stopped.wait(timeout=600) != 0 and "stopped by SIGUSR2 after step 17" in stopped.stderr.read()
+    resumed = _torchrun(spec("stopped", stop_check_every=1))
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-2000:]
+    assert RunResult.load(tmp_path / "stopped" / "result.json").resumed_from_step == 17
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "reference")
 
 
 def test_outer_settings_apply_to_federated_runs_only():

@@ -96,14 +96,14 @@ class Checkpointer:
         if self.A is None:
             return steps_done % self.every == 0
         if self.streamed:  # the first step at or after each multiple of `every` with no exchange in flight
-            previous = next(s for s in range(steps_done - 1, -1, -1) if self._quiet(s))
-            return self._quiet(steps_done) and steps_done // self.every > previous // self.every
+            previous = next(s for s in range(steps_done - 1, -1, -1) if self.quiet(s))
+            return self.quiet(steps_done) and steps_done // self.every > previous // self.every
         return steps_done % self.A == 0 and steps_done // self.every > (steps_done - self.A) // self.every
 
-    def _quiet(self, steps_done: int) -> bool:
+    def quiet(self, steps_done: int) -> bool:
         """No streamed exchange in flight after `steps_done` steps: one launches after every multiple of
-        `period` and lands `delay` steps later."""
-        return steps_done == 0 or not self.delay or steps_done % self.period >= self.delay
+        `period` and lands `delay` steps later (whole syncs land within their step)."""
+        return not self.streamed or steps_done == 0 or not self.delay or steps_done % self.period >= self.delay
 
     def per_group(self, steps_done: int) -> list[str]:
         """The parts that differ between federation groups after `steps_done` steps, so are stored per

@@ -156,6 +156,7 @@ class Trainer:
     def _train(self, stop: StopRequest) -> float:
         dist.barrier()
         self.log.start = time.perf_counter() - self.state.train_time_s  # a resumed run's clock goes on
+        stop_asked = False  # agreed by every rank; acted on at the next step with no streamed exchange in flight
         for i in range(self.start_step, self.cfg.steps):
             self.step(i)
             done = i + 1
@@ -164,7 +165,9 @@ class Trainer:
                 with self._timed_apart("eval"):
                     self.log.add_eval(done, trained, self.evaluate(done)[0])
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
-            stopping = done < self.cfg.steps and stop.agreed(done)
+            stop_asked = stop_asked or (done < self.cfg.steps and stop.agreed(done))
+            # a checkpoint amid a streamed exchange would land it early, and the resume would not be exact
+            stopping = stop_asked and done < self.cfg.steps and self.checkpointer.quiet(done)
             save = stopping or self.checkpointer.due(done, self.cfg.steps)
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
                 with self._timed_apart("logging"):
@@ -178,7 +181,7 @@ class Trainer:
                 self.state.train_time_s = time.perf_counter() - self.log.start
                 with self._timed_apart("checkpoint"):
                     if self.fedavg is not None:
-                        self.fedavg.flush()  # nothing in flight at periodic checkpoints; a stop lands it early
+                        self.fedavg.flush()  # only after the last step: others wait for one with nothing in flight
                     self.checkpointer.save(self.model, self.optimizer, self.state, self.fedavg)
                 self.checkpoints += 1
             if stopping:
