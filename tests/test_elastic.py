@@ -25,43 +25,44 @@ def _torchrun(spec, ranks, entry=("train",)):
                            *entry, str(spec)], env=clean_env(), capture_output=True, text=True, timeout=600)
 
 
-def test_an_fl_run_resumes_on_fewer_groups_from_the_last_average(tmp_path):
-    # 4 groups; rank 1 dies writing the step-30 checkpoint, so step 20's (a FedAvg step) is the latest.
-    first = _torchrun(_spec(tmp_path, "four", 4), 4, entry=("tests.crash_in_checkpoint", "30", "1"))
+def _crashed(spec, ranks) -> dict:
+    """Run `spec` on `ranks` ranks until rank 1 dies writing the step-30 checkpoint (step 20's is the latest);
+    the losses it logged."""
+    first = _torchrun(spec, ranks, entry=("tests.crash_in_checkpoint", "30", "1"))
     assert first.returncode != 0
-    before = {step: loss for step, loss, _ in losses(tmp_path / "run")}
+    return {step: loss for step, loss, _ in losses(spec.parent / "run")}
+
+
+def _resumed(spec, ranks, before: dict) -> RunResult:
+    """Resume on the new layout: the curve goes on from step 20 (no jump back towards the initial loss) and
+    keeps falling; every step is logged once."""
+    second = _torchrun(spec, ranks)
+    assert second.returncode == 0, second.stderr[-2000:]
+    after = {step: loss for step, loss, _ in losses(spec.parent / "run")}
+    assert sorted(after) == list(range(1, STEPS + 1))
+    assert abs(after[21] - before[20]) < abs(after[21] - before[1])
+    assert after[STEPS] < before[20]
+    return RunResult.load(spec.parent / "run" / "result.json")
+
+
+def test_an_fl_run_resumes_on_fewer_groups_from_the_last_average(tmp_path):
+    before = _crashed(_spec(tmp_path, "four", 4), 4)  # 4 groups; step 20 is a FedAvg step
     refused = _torchrun(_spec(tmp_path, "two-strict", 2, elastic=False), 2)
     assert refused.returncode != 0 and "needs train.elastic=true" in refused.stderr
-    second = _torchrun(_spec(tmp_path, "two", 2), 2)
-    assert second.returncode == 0, second.stderr[-2000:]
-    result = RunResult.load(tmp_path / "run" / "result.json")
+    result = _resumed(_spec(tmp_path, "two", 2), 2, before)
     assert result.resumed_from_step == 20 and (result.F, result.world_size) == (2, 2)
     assert result.layout_changes == [{"from": {"strategy": "fl_fsdp", "F": 4, "R": 1, "S": 1, "A": A},
                                       "to": {"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": A},
                                       "at_step": 20, "streams_dropped": 2}]
     assert result.tokens == (20 * 4 + 20 * 2) * 2 * 32  # every attempt's world, steps x ranks x batch x seq
-    after = {step: loss for step, loss, _ in losses(tmp_path / "run")}
-    assert sorted(after) == list(range(1, STEPS + 1))  # steps 21.. continue the curve, logged once each
-    # No jump back: the first step after the resume is nearer the loss before it than the initial loss.
-    assert abs(after[21] - before[20]) < abs(after[21] - before[1])
-    assert after[STEPS] < before[20]  # and training goes on from there
 
 
 def test_fsdp_resumes_on_fewer_shards_and_dcp_reshards_parameters_and_moments(tmp_path):
-    # FSDP over 4 ranks; rank 1 dies writing the step-30 checkpoint; the run resumes sharded over 2.
-    first = _torchrun(_spec(tmp_path, "four", 1, strategy="fsdp", S=4), 4,
-                      entry=("tests.crash_in_checkpoint", "30", "1"))
-    assert first.returncode != 0
-    before = {step: loss for step, loss, _ in losses(tmp_path / "run")}
-    second = _torchrun(_spec(tmp_path, "two", 1, strategy="fsdp", S=2), 2)
-    assert second.returncode == 0, second.stderr[-2000:]
-    result = RunResult.load(tmp_path / "run" / "result.json")
+    # Parameters and AdamW moments resharded from 4 shards to 2: a wrong reshard would start from scrambled
+    # weights, far above even the initial loss.
+    before = _crashed(_spec(tmp_path, "four", 1, strategy="fsdp", S=4), 4)
+    result = _resumed(_spec(tmp_path, "two", 1, strategy="fsdp", S=2), 2, before)
     assert result.resumed_from_step == 20 and (result.S, result.world_size) == (2, 2)
     assert result.layout_changes == [{"from": {"strategy": "fsdp", "F": 1, "R": 1, "S": 4, "A": None},
                                       "to": {"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "A": None},
                                       "at_step": 20, "streams_dropped": 2}]
-    after = {step: loss for step, loss, _ in losses(tmp_path / "run")}
-    # Parameters and AdamW moments resharded from 4 to 2 shards: the curve goes on from step 20 (a wrong
-    # reshard would start from scrambled weights, far above even the initial loss).
-    assert abs(after[21] - before[20]) < abs(after[21] - before[1])
-    assert after[STEPS] < before[20]
