@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import pickle
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -28,6 +29,12 @@ def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> N
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(value))
+    # The FSDP2 device meshes keep their process groups past destroy_process_group (torch holds the meshes
+    # in DTensor's caches); freed during interpreter finalization, a gloo worker thread that needs the GIL
+    # aborts the process ("terminate called without an active exception"). Nothing is left to run: leave now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_ranks(fn, world: int, *args) -> list:
