@@ -124,7 +124,8 @@ class Sweeper:
                 del self.running[run_id]
                 result_path = self.settings.sweep_dir / run_id / "result.json"
                 if result_path.exists():
-                    self.store.record(run_id, state="COMPLETED")
+                    # a failed attempt's reason and scheduler state do not describe the run that completed
+                    self.store.record(run_id, state="COMPLETED", reason=None, scheduler_state=None)
                     self.failed.pop(run_id, None)
                     self._settle_live(run_id, RunResult.load(result_path))
                 else:

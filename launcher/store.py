@@ -34,6 +34,8 @@ class Store:
     def record(self, run_id: str, **fields) -> dict:
         entry = self.entries.setdefault(run_id, {"run_id": run_id, "attempts": 0})
         entry.update(fields, updated=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        for key in [key for key, value in fields.items() if value is None]:  # None removes a field
+            del entry[key]
         write_atomic(self.path, "".join(json.dumps(e) + "\n" for e in self.entries.values()))
         return entry
 

@@ -166,6 +166,7 @@ def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
     assert "retrying 1 failed run(s)" in out and "not retrying" not in out
     entry = json.loads(manifest.read_text())
     assert entry["state"] == "COMPLETED" and entry["attempts"] == 2
+    assert "reason" not in entry and "scheduler_state" not in entry  # the first attempt's failure is history
 
 
 def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):
