@@ -121,8 +121,11 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
 
 
 def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
+    # A suite started in the background by a shell without job control inherits SIGINT ignored, and Python
+    # keeps it ignored: the launcher gets the disposition a terminal would give it.
     proc = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, f"results_dir={tmp_path}"], env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = proc.stdout.readline()
     assert first.startswith("submitted fsdp-F1-R1-S4"), first
     time.sleep(2)
