@@ -157,7 +157,7 @@ def test_a_deterministic_failure_is_reported_and_not_retried(tmp_path, tiny_toke
 def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
     """A task killed by SIGKILL (as a failing node would) can pass on a second try: it is retried."""
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, "sweep.strategies=[fsdp]", "retries=1",
-                                 "sweep.train.steps=400", f"results_dir={tmp_path}"], env=_env(),
+                                 "sweep.train.steps=150", f"results_dir={tmp_path}"], env=_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     manifest, run_dir = tmp_path / "local" / "smoke" / "manifest.jsonl", tmp_path / "local" / "smoke" / "fsdp-F1-R1-S4"
     wait_for(lambda: steps_logged(run_dir) >= 1 and manifest.exists(), "the first logged step",
