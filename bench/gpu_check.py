@@ -31,9 +31,6 @@ from train.result import RunResult
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, per GPU
 
 
-STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
-
-
 def layouts(ranks: int) -> dict[str, tuple[int, int, int]]:
     """(F, R, S) per strategy on `ranks` ranks: two groups or replicas where the strategy has them."""
     out = {"fsdp": (1, 1, ranks)}
@@ -80,8 +77,6 @@ def check_strategies(args, device: str, out: Path) -> bool:
     ok = True
     print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7}  {args.compare} step losses vs fp32 CPU")
     for strategy, layout in layouts(args.ranks).items():
-        if strategy not in args.strategies:
-            continue
         result, losses = train(spec(f"{strategy}-{device}", strategy, layout, out, args, device, "bf16"),
                                args.ranks, out, device)
         _, reference = train(spec(f"{strategy}-reference", strategy, layout, out, args, "cpu", "fp32"),
@@ -92,7 +87,7 @@ def check_strategies(args, device: str, out: Path) -> bool:
         mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
         print(f"{strategy:<8} {str(layout).replace(' ', ''):<10} {result.tokens_per_s_per_device:>12,.0f} "
               f"{mfu:>7}  max rel diff {worst:.2e} {'ok' if passed else f'FAIL (> {args.tolerance:g})'}")
-    skipped = sorted(set(args.strategies) - set(layouts(args.ranks)))
+    skipped = sorted({"fsdp", "hsdp", "fl_fsdp", "fl_hsdp"} - set(layouts(args.ranks)))
     if skipped:
         print(f"skipped {', '.join(skipped)}: {args.ranks} rank(s) cannot hold their layouts")
     return ok
@@ -120,8 +115,6 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=int, default=None, help="default: every GPU of the node")
     parser.add_argument("--model", default="small", help="model preset (small: ~5 M parameters)")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
-                        help="which strategies to compare with fp32 CPU (default: all four)")
     parser.add_argument("--compare", type=int, default=None, help="leading steps whose losses are compared (all)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
