@@ -65,8 +65,10 @@ class Sweeper:
         run.spec.save(spec_path)
         job = submit(self.cluster, planned, spec_path, attempt_folder(run_dir, attempt),
                      self.settings.sweep_dir / "topology.json")
+        # a new attempt: the last one's failure (reason, scheduler_state) no longer describes the run
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
-                          cluster=self.cluster.name, rank_order=self.cluster.rank_order, nodes=[])
+                          cluster=self.cluster.name, rank_order=self.cluster.rank_order, nodes=[], reason=None,
+                          scheduler_state=None)
         self.lost.pop(run.run_id, None)
         self._watch(run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
@@ -124,8 +126,7 @@ class Sweeper:
                 del self.running[run_id]
                 result_path = self.settings.sweep_dir / run_id / "result.json"
                 if result_path.exists():
-                    # a failed attempt's reason and scheduler state do not describe the run that completed
-                    self.store.record(run_id, state="COMPLETED", reason=None, scheduler_state=None)
+                    self.store.record(run_id, state="COMPLETED")
                     self.failed.pop(run_id, None)
                     self._settle_live(run_id, RunResult.load(result_path))
                 else:
