@@ -52,6 +52,17 @@ def test_empirical_cross_entropy_and_token_frequencies_match_the_chain():
     assert 0.5 * np.abs(first - src.stationary).sum() < 0.1  # sequences start from pi
 
 
+def test_baseline_ppl_is_the_unigram_cross_entropy_of_the_eval_set():
+    """The closed form exp(H(pi)) is what a context-free model scores on the eval set (measured on a big one),
+    and the chain's context brings the floor well below it."""
+    src = synthetic(vocab=64, branching=8, seed=5, eval_sequences=512)
+    assert src.baseline_ppl == pytest.approx(math.exp(-(src.stationary * np.log(src.stationary)).sum()), rel=1e-12)
+    predicted = src.eval_set(32)[:, 1:].numpy().ravel()  # what eval perplexity scores (labels shift by one)
+    unigram_nll = -np.log(src.stationary[predicted]).mean()
+    assert unigram_nll == pytest.approx(math.log(src.baseline_ppl), rel=0.01)
+    assert src.floor_ppl < 0.5 * src.baseline_ppl and src.describe()["baseline_ppl"] == src.baseline_ppl
+
+
 def test_synthetic_batches_are_pure_functions_of_seed_stream_step():
     a, b = synthetic(seed=7), synthetic(seed=7)
     x = a.train_batch(3, 11, 4, 32)
@@ -140,6 +151,11 @@ def test_text_packs_documents_with_eos_and_holds_out_the_tail(corpus, tiny_token
     assert seen == set(range(9))  # with replacement, but every train block is reachable
     d = json.loads(json.dumps(src.describe()))
     assert d["train_blocks"] == 9 and d["eval_blocks"] == 3 and d["files"] == 3
+    # baseline: the eval blocks' own unigram frequencies over the tokens eval perplexity scores, counted
+    scored = blocks[9:, 1:].reshape(-1).tolist()
+    p = [scored.count(t) / len(scored) for t in set(scored)]
+    assert src.baseline_ppl == pytest.approx(math.exp(-sum(q * math.log(q) for q in p)), rel=1e-12)
+    assert d["baseline_ppl"] == src.baseline_ppl
 
 
 def test_text_batches_are_deterministic_per_stream_and_step(corpus, tiny_tokenizer):

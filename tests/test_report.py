@@ -96,11 +96,12 @@ def test_table3_order_ratios_and_none(tmp_path):
     t = table3(load_results(write_sweep(tmp_path, SWEEP)))
     assert column(t, "Strategy") == ["FSDP", "HSDP", "FL+FSDP", "FL+FSDP", "FL+HSDP"]
     assert column(t, "A") == [None, None, 4, 16, 8]
-    assert "PPL floor" in t.columns and "Runs" in t.columns and "Paper time (s)" not in t.columns
+    assert "PPL floor" in t.columns and "n" in t.columns and "Paper time (s)" not in t.columns
     md = t.to_markdown()
     lines = {line.split(" | ")[1] + line.split(" | ")[2]: line for line in md.splitlines()[4:] if line.startswith("|")}
-    assert "| 8.00× | 2.00× |" in lines["(2,1,2)4"]  # 100 s / 12.5 s, 50 / 25 PPL (means of the repeats)
-    assert "| 2 | 12.50 ± 0.71 |" in lines["(2,1,2)4"]
+    # paired by seed: FSDP ran seed 1 only, so the one pair is 100 s / 12 s and 50 / 24 PPL, with no interval
+    assert "| 8.33× | 2.08× |" in lines["(2,1,2)4"]
+    assert "| 2 | 12.50 ± 6.35 |" in lines["(2,1,2)4"]  # 95 % half-width: t(0.975, 1 df) 12.706 x 0.707 / sqrt 2
     assert "| 1 | 100.00 | 12,346 |" in lines["(1,1,4)–"] and "| 1.00× | 1.00× |" in lines["(1,1,4)–"]
     assert "| 2.50× | 1.20× higher |" in lines["(1,2,2)–"]  # 100/40, 50/60: never "0.833× lower"
     assert "| 4.00× | 1.60× higher |" in lines["(2,1,2)16"]  # 100/25, 50/80
@@ -110,12 +111,14 @@ def test_table3_order_ratios_and_none(tmp_path):
 def test_table3_csv_holds_raw_numbers(tmp_path):
     rows = csv_rows(table3(load_results(write_sweep(tmp_path, SWEEP))))
     fsdp, rep = rows[0], rows[2]
-    assert float(fsdp["Tokens/s mean"]) == 12345.6 and fsdp["Tokens/s std"] == "" and fsdp["A"] == ""
-    assert float(rep["Training time (s) mean"]) == 12.5 and rep["Runs"] == "2"
-    assert float(rep["Training time (s) std"]) == pytest.approx(statistics.stdev([12.0, 13.0]))
-    assert float(rep["× faster than FSDP"]) == 8.0 and rows[-1]["× faster than FSDP"] == ""
-    plain = csv_rows(table3([SWEEP[-1]]))  # no repeats: one raw column per value
-    assert float(plain[0]["Training time (s)"]) == 100.0 and "Runs" not in plain[0]
+    assert float(fsdp["Tokens/s mean"]) == 12345.6 and fsdp["Tokens/s ci95"] == "" and fsdp["A"] == ""
+    assert float(rep["Training time (s) mean"]) == 12.5 and rep["n"] == "2"
+    assert float(rep["Training time (s) ci95"]) == pytest.approx(12.7062 * statistics.stdev([12.0, 13.0]) / 2 ** 0.5,
+                                                                 rel=1e-4)
+    assert float(rep["× faster than FSDP"]) == pytest.approx(100 / 12) and rep["× faster than FSDP low"] == ""
+    assert rows[-1]["× faster than FSDP"] == ""
+    plain = csv_rows(table3([SWEEP[-1]]))  # no repeats: one raw column per value, n still shown
+    assert float(plain[0]["Training time (s)"]) == 100.0 and plain[0]["n"] == "1"
 
 
 def test_table4_mean_std_cells_and_split_csv(tmp_path):
@@ -136,7 +139,7 @@ def test_latex_is_booktabs_and_escaped(tmp_path):
     assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
     assert r"a\_b \& c & 50\% \#1 \\" in tex and r"x\_y & 1.5 \\" in tex and r"-- & -- \\" in tex
     t3 = table3(load_results(write_sweep(tmp_path, SWEEP))).to_latex()
-    assert r"$\times$ faster than FSDP" in t3 and r"12.50 $\pm$ 0.71" in t3 and "12346" in t3 and "×" not in t3
+    assert r"$\times$ faster than FSDP" in t3 and r"12.50 $\pm$ 6.35" in t3 and "12346" in t3 and "×" not in t3
 
 
 def test_paper_columns_only_for_paper_layouts(tmp_path):
@@ -227,8 +230,13 @@ def test_differences_within_the_spread_of_repeats_are_marked_as_noise():
     runs += [result(f"fl_fsdp-F2-R1-S2-A4-rep{i}", "fl_fsdp", 2, 1, 2, 4, t, p, agg=0.2) for i, (t, p) in
              enumerate([(101.0, 30.0), (103.0, 31.0)], 1)]
     t = table3(runs)
-    assert column(t, "Within noise of FSDP") == ["", "time"]  # 102 vs 102 s: noise; 30.5 vs 51 PPL: not
-    assert "standard deviation over a configuration's repeats" in t.notes[0]
+    # paired by seed: time ratios 100/101 and 104/103 straddle 1 (noise); PPL ratios 50/30 and 52/31 do not
+    assert column(t, "Within noise of FSDP") == ["", "time"]
+    assert "95 % confidence half-width" in t.notes[0]
+    ratio, low, high = column(t, "× faster than FSDP")[1]
+    assert ratio == pytest.approx(((100 / 101) * (104 / 103)) ** 0.5) and low < 1 < high
+    ratio, low, high = column(t, "× lower eval PPL than FSDP")[1]
+    assert ratio == pytest.approx(((50 / 30) * (52 / 31)) ** 0.5) and 1 < low < ratio < high
     single = table3(SWEEP[-2:])
     assert "Within noise of FSDP" not in single.columns
     assert single.notes[0].startswith("One run per configuration: every number is a single sample")
@@ -321,3 +329,19 @@ def test_time_to_target_columns_and_eval_plot(tmp_path):
     reps = [make_result(run_id=f"fsdp-F1-R1-S4-rep{i}", target_ppl=100.0, time_to_target_s=t)
             for i, t in ((1, 5.0), (2, None))]
     assert group_repeats(reps)[0]["time_to_target_s"] is None
+
+
+def test_runs_that_have_not_learned_get_no_quality_ratio():
+    """eval PPL at or above the unigram baseline: marked, and no "× lower eval PPL" printed for the run or
+    against a reference that has not learned either."""
+    learned = [result("fsdp-F1-R1-S4", "fsdp", 1, 1, 4, None, 100.0, 50.0, baseline_ppl=120.0),
+               result("hsdp-F1-R2-S2", "hsdp", 1, 2, 2, None, 40.0, 130.0, baseline_ppl=120.0),
+               result("fl_fsdp-F2-R1-S2-A4", "fl_fsdp", 2, 1, 2, 4, 30.0, 40.0, agg=0.2, baseline_ppl=120.0)]
+    t = table3(learned)
+    assert column(t, "Learned") == ["yes", "not learned", "yes"]
+    assert column(t, "× lower eval PPL than FSDP") == [1.0, None, 1.25]
+    assert column(t, "× faster than FSDP") == [1.0, 2.5, 100 / 30]  # speed is still compared
+    assert any("has not learned" in note for note in t.notes)
+    unlearned_reference = [dataclasses.replace(learned[0], eval_ppl=121.0), learned[2]]
+    assert column(table3(unlearned_reference), "× lower eval PPL than FSDP") == [None, None]
+    assert "Learned" not in table3(SWEEP).columns  # results without a baseline: no column

@@ -45,10 +45,11 @@ class TrainState:
         self.layout_changes: list[dict] = []  # elastic resumes: from, to, at_step, streams_dropped
         self.train_time_s = 0.0  # training time of the steps done, over every attempt (so a resumed run's
         self.schedule = schedule  # result covers the whole run)
+        self.started_at: str | None = None  # the first attempt's start (UTC ISO 8601), kept across resumes
 
     def state_dict(self) -> dict:
         return {"step": self.step, "aggregations": self.aggregations, "train_time_s": self.train_time_s,
-                "tokens": self.tokens, "layout_changes": self.layout_changes,
+                "tokens": self.tokens, "layout_changes": self.layout_changes, "started_at": self.started_at,
                 "scheduler": self.schedule.state_dict(), "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -56,6 +57,7 @@ class TrainState:
         self.train_time_s = state.get("train_time_s", 0.0)  # absent in checkpoints from before it was kept
         self.tokens = state.get("tokens", 0)
         self.layout_changes = list(state.get("layout_changes", []))
+        self.started_at = state.get("started_at")
         self.schedule.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
 

@@ -16,7 +16,10 @@ zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide
     with Dirichlet(1) probabilities. Each sequence starts from the stationary
     distribution pi, so every predicted position has expected cross-entropy equal to
     the entropy rate H = sum_i pi_i H(P_i) nats; ``floor_ppl = exp(H)`` is the best
-    perplexity any model can reach. The eval set comes from its own seed domain.
+    perplexity any model can reach. Every position is distributed as pi, so the best
+    context-free model (a unigram) scores ``baseline_ppl = exp(H(pi))``: a model that has
+    learned anything of the chain's context is below it. The eval set comes from its own
+    seed domain.
 
 ``{"kind": "text", "paths": [file or dir, ...], "tokenizer": "/local/dir",
 "eval_fraction": float = 0.01, "text_key": "text"}``
@@ -26,7 +29,9 @@ zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide
     eos_token_id (if the tokenizer has one), packed into blocks of seq_len tokens
     (tail dropped); the last max(1, round(eval_fraction * n_blocks)) blocks are held
     out for eval. Training draws block indices *with replacement* from a generator
-    seeded by (seed, stream, step), which keeps batches stateless.
+    seeded by (seed, stream, step), which keeps batches stateless. ``baseline_ppl`` is the
+    perplexity of the eval set's own unigram frequencies over its predicted tokens (the best
+    context-free model of exactly that data, counted).
 """
 import json
 import math
@@ -46,6 +51,12 @@ def _rng(seed: int, domain: int, *ids: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, domain, *ids]))
 
 
+def _entropy(p: np.ndarray) -> float:
+    """Shannon entropy in nats of a probability vector (zero entries contribute nothing)."""
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
 def _in_range(key: str, value: int, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise DataError(f"data.{key} must be an integer in [{lo}, {hi}], got {value!r}")
@@ -57,6 +68,7 @@ class TokenSource(ABC):
 
     vocab_size: int
     floor_ppl: float | None
+    baseline_ppl: float  # the best context-free model's perplexity on the eval data (see the module docstring)
 
     @abstractmethod
     def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
@@ -87,6 +99,7 @@ class SyntheticSource(TokenSource):
         row_entropy = -(self.probs * np.log(self.probs, where=self.probs > 0, out=np.zeros_like(self.probs))).sum(1)
         self.entropy_rate = float(self.stationary @ row_entropy)
         self.vocab_size, self.floor_ppl = vocab, math.exp(self.entropy_rate)
+        self.baseline_ppl = math.exp(_entropy(self.stationary))
         self.seed, self.eval_sequences = seed, eval_sequences
         # Inverse-CDF table: row i's cumulative probabilities shifted to [2i, 2i+1]. One
         # searchsorted over all rows then samples every chain at once; the gap between rows
@@ -123,7 +136,8 @@ class SyntheticSource(TokenSource):
 
     def describe(self) -> dict:
         return {"kind": "synthetic", "vocab": self.vocab_size, "branching": self.successors.shape[1],
-                "entropy_rate": self.entropy_rate, "floor_ppl": self.floor_ppl, "eval_sequences": self.eval_sequences}
+                "entropy_rate": self.entropy_rate, "floor_ppl": self.floor_ppl, "baseline_ppl": self.baseline_ppl,
+                "eval_sequences": self.eval_sequences}
 
 
 def _documents(file: Path, key: str) -> list[str]:
@@ -190,6 +204,8 @@ class TextSource(TokenSource):
             raise DataError(f"eval_fraction {eval_fraction} leaves no training block out of {n_blocks}")
         self.train_blocks, self.eval_blocks = blocks[:-n_eval], blocks[-n_eval:]
         self.vocab_size, self.floor_ppl = len(tok), None
+        predicted = self.eval_blocks[:, 1:].reshape(-1)  # the tokens eval perplexity scores (labels shift by one)
+        self.baseline_ppl = math.exp(_entropy(np.bincount(predicted.numpy(), minlength=len(tok)) / predicted.numel()))
         self.seq_len, self.seed, self.tokenizer, self.n_files = seq_len, seed, tokenizer, len(files)
 
     def _check_len(self, seq_len: int) -> None:
@@ -206,7 +222,8 @@ class TextSource(TokenSource):
         return self.eval_blocks.clone()
 
     def describe(self) -> dict:
-        return {"kind": "text", "vocab": self.vocab_size, "floor_ppl": None, "tokenizer": self.tokenizer,
+        return {"kind": "text", "vocab": self.vocab_size, "floor_ppl": None, "baseline_ppl": self.baseline_ppl,
+                "tokenizer": self.tokenizer,
                 "files": self.n_files, "seq_len": self.seq_len,
                 "train_blocks": len(self.train_blocks), "eval_blocks": len(self.eval_blocks)}
 

@@ -7,6 +7,7 @@ import shutil
 import socket
 import time
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -155,6 +156,8 @@ class Trainer:
 
     def _train(self, stop: StopRequest) -> float:
         dist.barrier()
+        if self.state.started_at is None:  # rank 0's is the one result.json keeps; resumes keep the first
+            self.state.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.log.start = time.perf_counter() - self.state.train_time_s  # a resumed run's clock goes on
         stop_asked = False  # agreed by every rank; acted on at the next step with no streamed exchange in flight
         for i in range(self.start_step, self.cfg.steps):
@@ -259,6 +262,7 @@ class Trainer:
             tokens=tokens, train_time_s=train_time, tokens_per_s=tokens_per_s,
             tokens_per_s_per_device=tokens_per_s / self.world, train_ppl=math.exp(min(700.0, train_loss)),
             eval_ppl=eval_ppl, eval_time_s=eval_time, floor_ppl=self.source.floor_ppl,
+            baseline_ppl=self.source.baseline_ppl, started_at=self.state.started_at,
             phases=self.log.phase_stats(), aggregation_event=self.log.aggregation_event_stats(),
             aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
             peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend, data=self.source.describe(),

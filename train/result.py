@@ -143,6 +143,12 @@ class RunResult:
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
                                          "behind training or not (rank max; the aggregation phase shows the exposed "
                                          "part when train.outer_delay overlaps it)", default=0.0)
+    baseline_ppl: float | None = _doc("perplexity of the best context-free (unigram) model of the eval data: the "
+                                      "chain's stationary distribution in closed form (synthetic), the eval tokens' "
+                                      "own frequencies (text); a run whose eval_ppl is not below it has not learned",
+                                      default=None)
+    started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "
+                                  "only if it was registered before", default=None)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

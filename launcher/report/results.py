@@ -1,6 +1,6 @@
 """A sweep's result.json files, read as RunResults and grouped into table rows: repeats of one configuration
-(run ids ending in -repN) become one row, numbers averaged and phase statistics pooled, so noise shows as a
-spread."""
+(run ids ending in -repN) become one row, numbers averaged and phase statistics pooled, with each measure's
+95 % confidence interval over the repeats and the per-repeat values that seed-paired ratios need."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,6 +9,7 @@ import statistics
 from pathlib import Path
 
 from launcher.errors import StateError
+from launcher.report.stats import ci_half_width
 from train.result import ResultError, RunResult, Stats
 
 SPREAD = ("train_time_s", "tokens_per_s", "eval_ppl")  # fields whose spread over repeats is reported
@@ -30,7 +31,9 @@ def load_results(sweep_dir: Path) -> list[RunResult]:
 def group_repeats(results: list[RunResult]) -> list[dict]:
     """One table row per configuration: a RunResult's fields (numbers averaged over its repeats, phase
     stats pooled over all their steps, every repeat's layout changes with its run_id), plus `runs` (the run
-    ids), `repeats` and `<field>_std` (sample std over repeats; None for one run) for the SPREAD fields."""
+    ids), `repeats`, `learned` (every repeat's eval perplexity below its baseline; None when no baseline is
+    known) and, for the SPREAD fields, `<field>_std` (sample std over repeats), `<field>_ci` (95 % half-width)
+    and `<field>_by_repeat` ({repeat index: value}, for pairing by seed); std and ci are None for one run."""
     groups: dict[str, list[RunResult]] = {}
     for r in results:
         groups.setdefault(_REPEAT.sub("", r.run_id), []).append(r)
@@ -53,8 +56,26 @@ def _merge(config: str, runs: list[RunResult]) -> dict:
     merged["phases"] = {p: Stats.pool([r.phases[p] for r in runs]) for p in runs[0].phases}
     merged["aggregation_event"] = Stats.pool([r.aggregation_event for r in runs])
     for key in SPREAD:
-        merged[f"{key}_std"] = statistics.stdev(r[key] for r in rows) if len(rows) > 1 else None
+        values = [r[key] for r in rows]
+        merged[f"{key}_std"] = statistics.stdev(values) if len(rows) > 1 else None
+        merged[f"{key}_ci"] = ci_half_width(values)
+        merged[f"{key}_by_repeat"] = {repeat_index(run.run_id): row[key] for run, row in zip(runs, rows)}
+    merged["learned"] = learned(runs)
     return merged
+
+
+def repeat_index(run_id: str) -> int:
+    """K of a run id ending in -repK (its seed is train.seed + K - 1), 1 for a configuration run once."""
+    match = _REPEAT.search(run_id)
+    return int(match.group()[4:]) if match else 1
+
+
+def learned(runs: list[RunResult]) -> bool | None:
+    """Whether every run's eval perplexity is below the perplexity of the best context-free model of its eval data
+    (baseline_ppl): a run at or above it has learned nothing a unigram count would not; None when unknown."""
+    if any(r.baseline_ppl is None for r in runs):
+        return None
+    return all(r.eval_ppl < r.baseline_ppl for r in runs)
 
 
 def _is_number(value) -> bool:

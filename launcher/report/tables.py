@@ -7,8 +7,9 @@ import io
 import math
 from dataclasses import dataclass, field
 
+from launcher.report import stats
 from launcher.report.paper import NAMES, TABLES, reproduces_paper
-from launcher.report.results import group_repeats
+from launcher.report.results import SPREAD, group_repeats
 from train.result import PHASES, RunResult, Stats
 
 
@@ -45,8 +46,19 @@ def _latex(text) -> str:
     return "".join(_LATEX.get(ch, ch) for ch in str(text))
 
 
+def _interval(value: float, low: float, high: float, kind: str) -> str:
+    """A ratio's interval read the same way as the ratio (`oriented`): inverted with it below 1."""
+    if kind in ("faster", "lower", "less") and value < 1:
+        low, high = 1 / high, 1 / low
+    return f" ({_sig3(low)}–{_sig3(high)})"
+
+
 def _fmt(value, kind: str, separators: bool = True) -> str:
-    if isinstance(value, tuple):  # (mean, std); std None shows the mean alone
+    if isinstance(value, tuple) and len(value) == 3:  # (ratio, low, high); no interval shows the ratio alone
+        ratio, low, high = value
+        text = _fmt(ratio, kind, separators)
+        return text + _interval(ratio, low, high, kind) if ratio is not None and low is not None else text
+    if isinstance(value, tuple):  # (mean, spread); spread None shows the mean alone
         mean, std = value
         if mean is None or std is None:
             return _fmt(mean, kind, separators)
@@ -59,13 +71,15 @@ def _fmt(value, kind: str, separators: bool = True) -> str:
 
 @dataclass
 class Table:
-    """Cells are numbers, strings, None or (mean, std) tuples; `kinds` names each column's display format."""
+    """Cells are numbers, strings, None, (mean, spread) pairs or (ratio, low, high) triples; `kinds` names each
+    column's display format; `spread` names the pairs' second number in CSV headers (std, ci95)."""
 
     title: str
     columns: list[str]
     rows: list[list]
     kinds: list[str] | None = None
     notes: list[str] = field(default_factory=list)  # printed under the table (Markdown) or above it (LaTeX)
+    spread: str = "std"
 
     def _kinds(self) -> list[str]:
         return self.kinds or ["auto"] * len(self.columns)
@@ -79,14 +93,18 @@ class Table:
         return "\n".join(lines) + "\n"
 
     def to_csv(self) -> str:
-        """Raw numbers; a column holding (mean, std) tuples becomes '<col> mean' and '<col> std'."""
-        pair = [any(isinstance(row[i], tuple) for row in self.rows) for i in range(len(self.columns))]
+        """Raw numbers; a column of (mean, spread) pairs becomes '<col> mean' and '<col> <spread>', one of (ratio,
+        low, high) triples '<col>', '<col> low' and '<col> high'."""
+        width = [max((len(row[i]) for row in self.rows if isinstance(row[i], tuple)), default=1)
+                 for i in range(len(self.columns))]
+        heads = {1: lambda c: (c,), 2: lambda c: (f"{c} mean", f"{c} {self.spread}"),
+                 3: lambda c: (c, f"{c} low", f"{c} high")}
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow([h for c, p in zip(self.columns, pair) for h in ((f"{c} mean", f"{c} std") if p else (c,))])
+        writer.writerow([h for c, w in zip(self.columns, width) for h in heads[w](c)])
         for row in self.rows:
-            writer.writerow([x for v, p in zip(row, pair)
-                             for x in ((v if isinstance(v, tuple) else (v, None)) if p else (v,))])
+            writer.writerow([x for v, w in zip(row, width)
+                             for x in (v if isinstance(v, tuple) else (v,) + (None,) * (w - 1))])
         return out.getvalue()
 
     def to_latex(self) -> str:
@@ -153,29 +171,50 @@ def _paper(key: str):
 
 
 def table3(results: list[RunResult], predicted: dict[str, float] | None = None) -> Table:
-    """Training time, throughput and perplexity per configuration, with ratios to the FSDP run of the same size;
-    `predicted` (run id -> predicted communication / FSDP's, from plan.json) adds the cost model's view."""
+    """Training time, throughput and perplexity per configuration (n runs: mean ± 95 % CI), with ratios to the FSDP
+    run of the same size, paired by seed; `predicted` (run id -> predicted communication / FSDP's, from plan.json)
+    adds the cost model's view. Runs that have not learned (eval perplexity not below baseline_ppl) get no quality
+    ratio."""
     predicted = predicted or {}
     rows = _ordered(results)
     fsdp: dict[int, dict] = {}
     for r in rows:
         if r["strategy"] == "fsdp":
             fsdp.setdefault(planned_world(r), r)
+    spread = any(r["repeats"] > 1 for r in rows)
+
+    def paired(key: str, r: dict):
+        """FSDP's / this configuration's `key`: (ratio, low, high) over the seeds both ran once any configuration
+        was repeated, else the ratio; None without an FSDP run of the same size."""
+        base = fsdp.get(planned_world(r))
+        if not base or base[key] is None or not r[key]:
+            return None
+        seeds = sorted(set(base[f"{key}_by_repeat"]) & set(r[f"{key}_by_repeat"]))
+        if not spread:
+            return base[key] / r[key]
+        if not seeds:  # nothing to pair: the ratio of the means, no interval
+            return base[key] / r[key], None, None
+        return stats.paired_ratio(*([row[f"{key}_by_repeat"][k] for k in seeds] for row in (base, r)))
 
     def ratio(key: str):
+        if key in SPREAD:
+            return lambda r: paired(key, r)
+
         def cell(r):
             base = fsdp.get(planned_world(r))
             return base[key] / r[key] if base and base[key] is not None and r[key] else None
         return cell
 
-    spread = any(r["repeats"] > 1 for r in rows)
+    def quality(r):
+        base = fsdp.get(planned_world(r))
+        return None if False in (r["learned"], base and base["learned"]) else paired("eval_ppl", r)
 
-    def value(key: str):  # (mean, std over repeats) once any configuration was repeated
-        return (lambda r: (r[key], r[f"{key}_std"])) if spread else (lambda r: r[key])
+    def value(key: str):  # (mean, 95 % half-width over repeats) once any configuration was repeated
+        return (lambda r: (r[key], r[f"{key}_ci"])) if spread else (lambda r: r[key])
 
     columns = [
         *_config_columns(),
-        *([("Runs", "auto", lambda r: r["repeats"])] if spread else []),
+        ("n", "auto", lambda r: r["repeats"]),
         ("Training time (s)", "fixed", value("train_time_s")),
         # timed apart from training, so shown beside it when there were any
         *([("Checkpoint time (s)", "fixed", lambda r: r["checkpoint_s"])]
@@ -185,16 +224,22 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         ("Eval PPL", "fixed", value("eval_ppl")),
         ("Eval time (s)", "fixed", lambda r: r["eval_time_s"]),
         ("× faster than FSDP", "faster", ratio("train_time_s")),
-        ("× lower eval PPL than FSDP", "lower", ratio("eval_ppl")),
+        ("× lower eval PPL than FSDP", "lower", quality),
     ]
+    baselines = any(r["learned"] is not None for r in rows)
+    if baselines:
+        columns += [("Baseline PPL", "fixed", lambda r: r["baseline_ppl"]),
+                    ("Learned", "text", lambda r: {True: "yes", False: "not learned", None: "–"}[r["learned"]])]
 
     def within_noise(r) -> str:
-        """The measures whose difference from FSDP's is smaller than the two runs' spreads added."""
-        base = fsdp.get(planned_world(r))
-        if base is None or base is r or r["repeats"] < 2 or base["repeats"] < 2:
+        """The measures whose seed-paired ratio to FSDP's has a 95 % interval holding 1: no difference shown."""
+        if fsdp.get(planned_world(r)) is r:
             return ""
-        same = [name for key, name in (("train_time_s", "time"), ("eval_ppl", "eval PPL"))
-                if abs(r[key] - base[key]) <= r[f"{key}_std"] + base[f"{key}_std"]]
+        same = []
+        for name, cell in (("time", ratio("train_time_s")), ("eval PPL", quality)):
+            value = cell(r)
+            if isinstance(value, tuple) and value[1] is not None and value[1] <= 1 <= value[2]:
+                same.append(name)
         return ", ".join(same)
 
     if spread:
@@ -206,8 +251,8 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
 
     if any(r["target_ppl"] is not None for r in rows):
         columns += [("Target PPL", "fixed", lambda r: r["target_ppl"]),
-                     ("Time to target (s)", "fixed", lambda r: r["time_to_target_s"]),
-                     ("× faster to target than FSDP", "faster", ratio("time_to_target_s"))]
+                    ("Time to target (s)", "fixed", lambda r: r["time_to_target_s"]),
+                    ("× faster to target than FSDP", "faster", ratio("time_to_target_s"))]
     if any(map(less_comm, rows)):
         columns.append(("× less comm than FSDP (predicted)", "less", less_comm))
     if any(r["floor_ppl"] is not None for r in rows):
@@ -216,12 +261,16 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         columns += [("Paper time (s)", "fixed", _paper("train_time_s")),
                     ("Paper eval PPL", "fixed", _paper("eval_ppl"))]
     table = _build("Table 3: training time, throughput and perplexity", columns, rows)
+    table.spread = "ci95"
     table.notes.append(
-        "± is the sample standard deviation over a configuration's repeats (Runs); \"Within noise of FSDP\" names "
-        "the measures whose difference from FSDP's is smaller than the two spreads added: those ratios show no "
-        "difference." if spread else
-        "One run per configuration: every number is a single sample, so differences of a few percent may be "
-        "run-to-run noise (sweep.repeats=3 measures the spread).")
+        "n runs per configuration, seeds train.seed, train.seed + 1, ...: ± is the 95 % confidence half-width of the "
+        "mean (Student t); ratios to FSDP are geometric means over the seeds both ran, with their 95 % interval in "
+        "brackets, and \"Within noise of FSDP\" names the measures whose interval holds 1." if spread else
+        "One run per configuration: every number is a single sample, so a difference of a few percent may be "
+        "run-to-run noise (sweep.repeats=3 gives intervals).")
+    if baselines:
+        table.notes.append("Baseline PPL: the best context-free (unigram) model of the eval data. A run whose eval "
+                           "perplexity is not below it has not learned; no quality ratio is printed for it.")
     table.notes += shrink_notes(rows)
     return table
 
