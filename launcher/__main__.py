@@ -56,10 +56,9 @@ def main(argv: list[str]) -> int:
             return 0
         if settings.action == "report":
             from launcher.report.results import load_results
-            from launcher.report.write import notes_for, outputs, write_report
+            from launcher.report.write import outputs, write_report
 
-            markdown, written = write_report(settings.sweep_dir, load_results(settings.sweep_dir),
-                                             notes_for(settings.cluster))
+            markdown, written = write_report(settings.sweep_dir, load_results(settings.sweep_dir), settings.cluster)
             print(markdown)
             print(outputs(settings.sweep_dir, written))
             return 0

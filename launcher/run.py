@@ -1,6 +1,7 @@
 """action=run: submit every unfinished run, wait with progress, collect results, print the tables."""
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -8,8 +9,10 @@ from launcher import progress, shrink
 from launcher.lock import SweepLock
 from launcher.placement import topology
 from launcher.plan import place_one, plan, usable_nodes
+from launcher.prediction import probe_file
+from launcher.registry import Registry
 from launcher.report import wandb_log
-from launcher.report.write import notes_for, outputs, write_report
+from launcher.report.write import outputs, write_report
 from launcher.settings import Settings
 from launcher.slurm import scontrol
 from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
@@ -44,8 +47,9 @@ def failure_reason(job, tasks: int) -> str:
 
 
 class Sweeper:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, registry: Registry | None = None):
         self.settings, self.cluster = settings, settings.cluster
+        self.registry = registry  # each run's prediction is registered before its first submission
         self.store = Store(settings.sweep_dir)
         self.running: dict[str, tuple[Run, object]] = {}
         self.failed: dict[str, str] = {}
@@ -63,6 +67,8 @@ class Sweeper:
         run_dir = self.settings.sweep_dir / run.run_id
         spec_path = run_dir / "spec.json"
         run.spec.save(spec_path)
+        if self.registry is not None:
+            self.registry.register(run.run_id)
         job = submit(self.cluster, planned, spec_path, attempt_folder(run_dir, attempt),
                      self.settings.sweep_dir / "topology.json")
         # a new attempt: the last one's failure (reason, scheduler_state) no longer describes the run
@@ -253,8 +259,10 @@ def run_sweep(settings: Settings) -> int:
     Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name,
                                                         settings.cluster.rank_order)
     with SweepLock(settings.sweep_dir):
-        planned, _ = plan(settings, runs, echo=False)
-        sweeper = Sweeper(settings)
+        planned, entries = plan(settings, runs, echo=False)
+        network = json.loads((settings.sweep_dir / "plan.json").read_text())["network"]
+        sweeper = Sweeper(settings, Registry(settings.sweep_dir, entries, settings.cluster.rank_order, network,
+                                             probe_file(settings)))
         try:
             sweeper.run(planned)
         except KeyboardInterrupt:
@@ -263,7 +271,7 @@ def run_sweep(settings: Settings) -> int:
         results = [RunResult.load(settings.sweep_dir / r.run_id / "result.json")
                    for r in runs if sweeper.store.finished(r.run_id)]
         if results:
-            markdown, written = write_report(settings.sweep_dir, results, notes_for(settings.cluster))
+            markdown, written = write_report(settings.sweep_dir, results, settings.cluster)
             print(markdown)
             print(outputs(settings.sweep_dir, written))
         hint = wandb_log.sync_hint(settings.wandb, settings.sweep_dir)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,11 @@ def test_exclusions_repeats_and_axes():
     runs = expand(compose(["sweep=agg_frequency", "sweep.A=[1,4]", "sweep.repeats=2",
                            "sweep.exclude=[{strategy: fl_hsdp, A: 1}]"]))
     ids = [r.run_id for r in runs]
-    assert ids == ["fl_fsdp-F4-R1-S2-A1-rep1", "fl_fsdp-F4-R1-S2-A1-rep2", "fl_fsdp-F4-R1-S2-A4-rep1",
-                   "fl_fsdp-F4-R1-S2-A4-rep2", "fl_hsdp-F2-R2-S2-A4-rep1", "fl_hsdp-F2-R2-S2-A4-rep2"]
-    assert runs[0].spec.train.seed != runs[1].spec.train.seed
+    # round-robin: every configuration's first repeat before any second one, so drift spreads evenly
+    assert ids == ["fl_fsdp-F4-R1-S2-A1-rep1", "fl_fsdp-F4-R1-S2-A4-rep1", "fl_hsdp-F2-R2-S2-A4-rep1",
+                   "fl_fsdp-F4-R1-S2-A1-rep2", "fl_fsdp-F4-R1-S2-A4-rep2", "fl_hsdp-F2-R2-S2-A4-rep2"]
+    seeds = [r.spec.train.seed for r in runs]
+    assert seeds[:3] == [seeds[0]] * 3 and seeds[3:] == [seeds[0] + 1] * 3  # repeat k: seed + k - 1, paired
 
 
 SMOKE = ["sweep=smoke", "model=tiny"]
@@ -109,6 +112,15 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     assert f"outputs in {sweep_dir}/: table3.md, table3.csv, table3.tex, table4.md" in proc.stdout
     result = RunResult.load(sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json")
     assert result.aggregations == 3 and result.world_size == 4
+    assert result.baseline_ppl == pytest.approx(result.data["baseline_ppl"]) and result.baseline_ppl > result.floor_ppl
+    for run_id in ("fsdp-F1-R1-S4", "fl_fsdp-F2-R1-S2-A2"):  # each prediction registered before its run started
+        registered = json.loads((sweep_dir / run_id / "prediction.json").read_text())
+        started = RunResult.load(sweep_dir / run_id / "result.json").started_at
+        assert registered["run_id"] == run_id and registered["placement"] == "topology"
+        assert datetime.fromisoformat(registered["predicted_at"]) <= datetime.fromisoformat(started)
+        assert registered["compute_source"].startswith("unknown") and "commit" in registered  # None: no git on PATH
+    # compute unknown on cluster=local without a probe: no step-time prediction shown; no placement table either
+    assert not (sweep_dir / "prediction.md").exists() and not (sweep_dir / "placement.md").exists()
     assert len(list((sweep_dir / "wandb").glob("offline-run-*"))) == 2  # offline: nothing left the machine
     assert f"upload them with: wandb sync {sweep_dir / 'wandb'}/offline-run-*" in proc.stdout
     assert re.search(r"\[\dm\d\ds\] [01]/2 done, running: \S+ (step \d/6|starting), queued: [01]; ", proc.stdout)

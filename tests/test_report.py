@@ -4,6 +4,7 @@ import dataclasses
 import io
 import json
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,7 +13,7 @@ from launcher.report.paper import LLAMA3_8B_PARAMS, reproduces_paper
 from launcher.report.plots import plots
 from launcher.report.results import group_repeats, load_results
 from launcher.report.tables import Table, table3, table4
-from launcher.report.write import write_report
+from launcher.report.write import LOCAL_NOTE, write_report
 from train.result import RunResult, Stats
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -163,8 +164,8 @@ def test_paper_columns_only_for_paper_layouts(tmp_path):
 
 def test_write_report_files_and_plots(tmp_path):
     results = load_results(write_sweep(tmp_path, SWEEP))
-    md, written = write_report(tmp_path, results, ["a note for this cluster"])
-    assert "Table 3" in md and "Table 4" in md and "- a note for this cluster" in md
+    md, written = write_report(tmp_path, results, SimpleNamespace(executor="local"))
+    assert "Table 3" in md and "Table 4" in md and f"- {LOCAL_NOTE}" in md
     assert sorted(p.name for p in written) == ["phases.png", "ppl_vs_time.png", "table3.csv", "table3.md",
                                                "table3.tex", "table4.csv", "table4.md", "table4.tex"]
     for name in ("table3", "table4"):
@@ -263,42 +264,73 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     from launcher.report.prediction import order_note, prediction_table
     from tests.support import make_result
 
-    results = [make_result(run_id="fsdp-F1-R1-S4", train_time_s=8.0, steps=8),  # 1.0 s/step
-               make_result(run_id="fl_fsdp-F2-R1-S2-A4", strategy="fl_fsdp", F=2, S=2, A=4, train_time_s=4.0),
-               make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, train_time_s=6.0)]
+    start = "2026-12-01T10:00:00+00:00"
+    results = [make_result(run_id="fsdp-F1-R1-S4", train_time_s=8.0, steps=8, started_at=start),  # 1.0 s/step
+               make_result(run_id="fl_fsdp-F2-R1-S2-A4", strategy="fl_fsdp", F=2, S=2, A=4, train_time_s=4.0,
+                           started_at=start),
+               make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, train_time_s=6.0, started_at=start)]
 
     def entry(run_id, step):
         return {"run_id": run_id, "predicted_ratio_to_fsdp": None, "predicted_step_s": step,
                 "predicted_step_bounds_s": [step / 2, step], "predicted_compute_s": 0.1, "compute_source": "measured",
-                "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0}}
+                "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0},
+                "model": {"preset": "tiny"}}
 
-    plan = {"network": "probe x", "runs": [entry("fsdp-F1-R1-S4", 1.1), entry("fl_fsdp-F2-R1-S2-A4", 0.4),
+    def registered(run_id, step, at="2026-12-01T09:59:00+00:00"):
+        return {**entry(run_id, step), "model": "tiny", "placement": "topology", "predicted_at": at}
+
+    plan = {"network": "probe x", "runs": [entry("fsdp-F1-R1-S4", 5.0), entry("fl_fsdp-F2-R1-S2-A4", 5.0),
                                            entry("hsdp-F1-R2-S2", 0.9)]}
-    table = prediction_table(results, plan)
+    # fsdp and fl_fsdp registered before they started; plan.json's later values are not used for them. hsdp's
+    # registration came after its start: post hoc, shown from plan.json, counted nowhere
+    reg = {"fsdp-F1-R1-S4": registered("fsdp-F1-R1-S4", 1.1),
+           "fl_fsdp-F2-R1-S2-A4": registered("fl_fsdp-F2-R1-S2-A4", 0.4),
+           "hsdp-F1-R2-S2": registered("hsdp-F1-R2-S2", 0.75, at="2026-12-01T10:00:01+00:00")}
+    table = prediction_table(results, plan, reg, "topology")
+    assert table.columns[:11] == ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s",
+                                  "measured_step_s", "measured_ci_s", "error", "predicted_at", "started_at"]
     rows = {r[0]: r for r in table.rows}
-    assert rows["fsdp-F1-R1-S4"][1:6] == [1.1, 1.0, None, 1, pytest.approx(10.0)]
-    assert rows["fl_fsdp-F2-R1-S2-A4"][5] == pytest.approx(-20.0)  # 0.4 predicted, 0.5 measured
-    assert rows["hsdp-F1-R2-S2"][5] == pytest.approx(20.0)         # 0.9 predicted, 0.75 measured
-    assert table.notes[0].startswith("3 of 3 configurations predicted within ±20%")
-    assert "in their measured order" in table.notes[1] and "probe x" in table.notes[2]
-    # repeats are one row: mean and spread; a swap inside the spread is called noise, one outside is not
-    reps = [make_result(run_id=f"hsdp-F1-R2-S2-rep{i}", strategy="hsdp", R=2, S=2, train_time_s=t)
+    assert rows["fsdp-F1-R1-S4"][1:12] == ["fsdp", "topology", "tiny", 16, 1.1, 1.0, None, pytest.approx(0.1),
+                                           "2026-12-01T09:59:00+00:00", start, "registered"]
+    assert rows["fl_fsdp-F2-R1-S2-A4"][8] == pytest.approx(-0.2)  # 0.4 predicted, 0.5 measured
+    assert rows["hsdp-F1-R2-S2"][5] == 0.9 and rows["hsdp-F1-R2-S2"][11] == "post hoc"
+    assert table.notes[0] == ("Post hoc: hsdp-F1-R2-S2 had no prediction registered before their runs started; "
+                              "they are shown, not counted in any accuracy figure.")
+    assert table.notes[1].startswith("2 of 2 registered predictions within ±20%; largest error -20.0%")
+    assert "the 2 configurations sorted by predicted step time are in their measured order" in table.notes[2]
+    assert "probe x" in table.notes[3]
+    assert "| -20.0% |" in table.to_markdown()
+    unregistered = prediction_table(results, plan)  # no registration at all: every row post hoc, no accuracy
+    assert {r[11] for r in unregistered.rows} == {"post hoc"}
+    assert unregistered.notes[1] == "No prediction was registered before its runs started: no accuracy is claimed."
+    # repeats are one row: mean and 95 % interval; registered only if every repeat's registration predates it
+    reps = [make_result(run_id=f"hsdp-F1-R2-S2-rep{i}", strategy="hsdp", R=2, S=2, train_time_s=t, started_at=start)
             for i, t in ((1, 5.0), (2, 7.0))]
-    plan["runs"] += [{**entry("hsdp-F1-R2-S2-rep1", 0.9), "run_id": f"hsdp-F1-R2-S2-rep{i}"} for i in (1, 2)]
-    [row] = [r for r in prediction_table(reps, plan).rows]
-    assert row[:5] == ["hsdp-F1-R2-S2", 0.9, 0.75, pytest.approx(2 ** 0.5 / 8), 2]
+    reg_reps = {f"hsdp-F1-R2-S2-rep{i}": registered(f"hsdp-F1-R2-S2-rep{i}", 0.9) for i in (1, 2)}
+    [row] = prediction_table(reps, plan, reg_reps).rows
+    assert row[5:9] == [0.9, 0.75, pytest.approx(12.7062 * 2 ** 0.5 / 2 ** 0.5 / 8, rel=1e-4), pytest.approx(0.2)]
+    assert row[11:13] == ["registered", 2]
+    del reg_reps["hsdp-F1-R2-S2-rep2"]
+    assert prediction_table(reps, {"runs": [{**entry("hsdp-F1-R2-S2-rep1", 0.9)}]}, reg_reps).rows[0][11] == "post hoc"
     note = order_note([("a", 1.0, 2.0, 0.1), ("b", 2.0, 1.0, 0.1), ("c", 3.0, 3.0, 0.1), ("d", 3.5, 2.95, 0.1)])
     assert note.startswith("Order: 2 of 6 pairs are predicted in the other order than measured, 1 of them within")
     assert "c / d (within noise)" in note and "a / b," in note
+    # written by the report from plan.json and each run's prediction.json
+    for r in results:
+        (tmp_path / r.run_id).mkdir()
+        r.save(tmp_path / r.run_id / "result.json")
+        (tmp_path / r.run_id / "prediction.json").write_text(json.dumps(reg[r.run_id]))
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     _, written = write_report(tmp_path, results)
     assert {"prediction.csv", "prediction.md", "prediction.png"} <= {p.name for p in written}
     header = (tmp_path / "prediction.csv").read_text().splitlines()[0]
-    assert header.startswith("run_id,predicted_step_s,measured_step_s,measured_step_std_s,runs,error_pct")
+    assert header.startswith("run_id,strategy,placement,model,seq_len,predicted_step_s,measured_step_s,measured_ci_s,"
+                             "error,predicted_at,started_at")
     assert (tmp_path / "prediction.png").read_bytes()[:8] == PNG
     assert prediction_table(results, {"runs": [{"run_id": "fsdp-F1-R1-S4", "predicted_ratio_to_fsdp": 1.0}]}) is None
+    # compute unknown (cluster=local without a probe): communication only, so no step-time prediction is shown
     blind = {"runs": [{**entry("fsdp-F1-R1-S4", 0.01), "compute_source": "unknown: no probe and no peak_flops"}]}
-    assert prediction_table(results, blind).notes[0].startswith("Compute was unknown when 1 of these were planned")
+    assert prediction_table(results, blind) is None
 
 
 def test_pareto_front_keeps_runs_nothing_beats_on_speed_and_quality():

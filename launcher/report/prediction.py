@@ -1,11 +1,13 @@
-"""Predicted beside measured: the step-time model's estimate for every run (plan.json) against the step the run
-measured (train_time_s / steps; the mean over a configuration's repeats, with their spread), the error in %,
-whether the predicted order of the configurations is the measured one (a swap within the measured spread is
-labelled as noise), and prediction.png (log-log, y = x)."""
+"""Predicted beside measured: the step-time model's estimate registered for every run before it started
+(launcher.registry; plan.json's, labelled post hoc, where none was) against the step the run measured
+(train_time_s / steps; the mean over a configuration's repeats with its 95 % interval), the error, whether the
+predicted order of the configurations is the measured one (a swap within the measured intervals is labelled as
+noise), and prediction.png (log-log, y = x)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.registry import before, model_name
 from launcher.report.results import group_repeats
 from launcher.report.tables import Table, paper_order
 from train.result import RunResult
@@ -13,52 +15,83 @@ from train.result import RunResult
 TOLERANCE = 0.20  # the band the plot shades and the notes count against
 
 
-def prediction_table(results: list[RunResult], plan: dict) -> Table | None:
-    """One row per configuration (repeats grouped); None when plan.json predates the step-time model."""
+COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s", "measured_step_s",
+           "measured_ci_s", "error", "predicted_at", "started_at", "basis", "n", "predicted_full_overlap_s",
+           "predicted_no_overlap_s", "predicted_compute_s", "predicted_shard_comm_s", "predicted_replicate_comm_s",
+           "predicted_federation_comm_s"]
+KINDS = ["text"] * 5 + ["auto"] * 3 + ["percent"] + ["text"] * 3 + ["auto"] * 7
+
+
+def _basis(runs: list[str], registered: dict[str, dict], started: dict[str, str | None]) -> str:
+    """registered: every repeat's prediction was stored before that repeat started; else post hoc."""
+    return "registered" if all(run in registered and before(registered[run]["predicted_at"], started[run])
+                               for run in runs) else "post hoc"
+
+
+def prediction_table(results: list[RunResult], plan: dict, registered: dict[str, dict] | None = None,
+                     placement: str | None = None) -> Table | None:
+    """One row per configuration (repeats grouped): the prediction registered before its runs started
+    (registry.py), else plan.json's, labelled post hoc and left out of the accuracy notes. Predictions made with
+    compute unknown (communication only) are not step-time predictions and are left out. None when no row is
+    left."""
+    registered = registered or {}
     entries = {e["run_id"]: e for e in plan["runs"] if "predicted_step_s" in e}
-    rows, sources, shrunk = [], [], []  # sources: each row's compute source
+    started = {r.run_id: r.started_at for r in results}
+    rows, shrunk, blind = [], [], []
     for r in sorted(group_repeats(results), key=paper_order):
-        e = entries.get(r["runs"][0])  # repeats share a layout, so a prediction
+        basis = _basis(r["runs"], registered, started)
+        e = registered.get(r["runs"][0]) if basis == "registered" else entries.get(r["runs"][0])
         if e is None or not e["predicted_step_s"]:
+            continue
+        if e["compute_source"].startswith("unknown"):
+            blind.append(r["run_id"])
             continue
         if r["layout_changes"]:  # its measured step mixes two layouts, the prediction priced one
             shrunk.append(r["run_id"])
             continue
         measured = r["train_time_s"] / r["steps"]
-        spread = r["train_time_s_std"] / r["steps"] if r["train_time_s_std"] is not None else None
+        ci = r["train_time_s_ci"] / r["steps"] if r["train_time_s_ci"] is not None else None
         full, none = e["predicted_step_bounds_s"]
         by_group = e["predicted_comm_by_group_s"]
-        sources.append(e["compute_source"])
-        rows.append([r["run_id"], e["predicted_step_s"], measured, spread, r["repeats"],
-                     100 * (e["predicted_step_s"] / measured - 1), full, none, e["predicted_compute_s"],
-                     by_group["shard"], by_group["replicate"], by_group["federation"]])
+        times = [registered[run]["predicted_at"] for run in r["runs"] if run in registered]
+        starts = [started[run] for run in r["runs"] if started[run]]
+        model = e["model"] if basis == "registered" else model_name(e.get("model") or {})
+        rows.append([r["run_id"], r["strategy"], e.get("placement", placement), model,
+                     r["seq_len"], e["predicted_step_s"], measured, ci, e["predicted_step_s"] / measured - 1,
+                     min(times) if times else None, min(starts) if starts else None, basis, r["repeats"], full, none,
+                     e["predicted_compute_s"], by_group["shard"], by_group["replicate"], by_group["federation"]])
     if not rows:
         return None
-    table = Table("Step time: predicted (step-time model, plan.json) vs measured (train_time_s / steps)",
-                  ["run_id", "predicted_step_s", "measured_step_s", "measured_step_std_s", "runs", "error_pct",
-                   "predicted_full_overlap_s", "predicted_no_overlap_s", "predicted_compute_s",
-                   "predicted_shard_comm_s", "predicted_replicate_comm_s", "predicted_federation_comm_s"],
-                  rows, ["text"] + ["auto"] * 4 + ["fixed"] + ["auto"] * 6)
+    table = Table("Step time: predicted (registered before the runs started, else post hoc) vs measured "
+                  "(train_time_s / steps)", COLUMNS, rows, KINDS)
+    if blind:
+        table.notes.append(f"Not shown: {', '.join(blind)}, planned with compute unknown (no probe, no peak_flops): "
+                           f"a communication-only estimate is no step-time prediction; run action=probe first.")
     if shrunk:
         table.notes.append(f"Left out: {', '.join(shrunk)}, whose runs lost nodes and resumed on another layout "
                            f"(retry_shrink).")
-    unknown = [source for source in sources if source.startswith("unknown")]
-    if unknown:
-        table.notes.append(f"Compute was unknown when {len(unknown)} of these were planned (no probe, no peak_flops): "
-                           f"their predictions are communication only, so their errors are not the model's; "
-                           f"run action=probe before the sweep.")
-    worst = max(rows, key=lambda row: abs(row[5]))
-    within = sum(abs(row[5]) <= 100 * TOLERANCE for row in rows)
-    table.notes.append(f"{within} of {len(rows)} configurations predicted within ±{TOLERANCE:.0%}; largest error "
-                       f"{worst[5]:+.1f}% ({worst[0]}).")
-    table.notes.append(order_note([(row[0], row[1], row[2], row[3] or 0.0) for row in rows]))
-    table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(set(sources)))}.")
+    counted = [row for row in rows if row[11] == "registered"]
+    post_hoc = [row[0] for row in rows if row[11] != "registered"]
+    if post_hoc:
+        table.notes.append(f"Post hoc: {', '.join(post_hoc)} had no prediction registered before their runs "
+                           f"started; they are shown, not counted in any accuracy figure.")
+    if counted:
+        worst = max(counted, key=lambda row: abs(row[8]))
+        within = sum(abs(row[8]) <= TOLERANCE for row in counted)
+        table.notes.append(f"{within} of {len(counted)} registered predictions within ±{TOLERANCE:.0%}; largest "
+                           f"error {100 * worst[8]:+.1f}% ({worst[0]}).")
+        table.notes.append(order_note([(row[0], row[5], row[6], row[7] or 0.0) for row in counted]))
+    else:
+        table.notes.append("No prediction was registered before its runs started: no accuracy is claimed.")
+    table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: "
+                       f"{'; '.join(sorted({entries.get(r[0], {}).get('compute_source', '?') for r in rows}))}.")
     return table
 
 
 def order_note(runs: list[tuple[str, float, float, float]]) -> str:
-    """Whether sorting by predicted step gives the measured order; (run, predicted, measured, measured std).
-    A swapped pair whose measured steps differ by less than their two spreads added is within noise."""
+    """Whether sorting by predicted step gives the measured order; (run, predicted, measured, measured 95 % CI
+    half-width). A swapped pair whose measured steps differ by less than their two intervals added is within
+    noise: the measurement does not order them."""
     swapped = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:] if (a[1] - b[1]) * (a[2] - b[2]) < 0]
     if not swapped:
         return f"Order: the {len(runs)} configurations sorted by predicted step time are in their measured order."
@@ -66,7 +99,7 @@ def order_note(runs: list[tuple[str, float, float, float]]) -> str:
     shown = ", ".join(f"{a[0]} / {b[0]}" + (" (within noise)" if (a, b) in noise else "")
                       for a, b in swapped[:6]) + (" ..." if len(swapped) > 6 else "")
     return (f"Order: {len(swapped)} of {len(runs) * (len(runs) - 1) // 2} pairs are predicted in the other order "
-            f"than measured, {len(noise)} of them within the measured spread: {shown}.")
+            f"than measured, {len(noise)} of them within the measured 95 % intervals: {shown}.")
 
 
 def prediction_plot(table: Table, path: Path) -> Path:
@@ -76,9 +109,11 @@ def prediction_plot(table: Table, path: Path) -> Path:
     from launcher.report.plots import MARKERS, save_png
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
-    for i, row in enumerate(table.rows):
-        ax.errorbar(row[2], row[1], xerr=row[3], marker=MARKERS[i % len(MARKERS)], label=row[0], zorder=3)
-    values = [v for row in table.rows for v in (row[1], row[2])]
+    for i, row in enumerate(table.rows):  # post hoc predictions hollow
+        registered = row[11] == "registered"
+        ax.errorbar(row[6], row[5], xerr=row[7], marker=MARKERS[i % len(MARKERS)], zorder=3,
+                    label=row[0] + ("" if registered else " (post hoc)"), mfc=None if registered else "none")
+    values = [v for row in table.rows for v in (row[5], row[6])]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x")
     ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)],

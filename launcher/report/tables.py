@@ -36,6 +36,7 @@ FORMATS = {  # display formats by column kind; CSV always holds the raw value
     "lower": lambda v: oriented(v, "higher"),
     "less": lambda v: oriented(v, "more"),
     "count": "{:,.0f}".format,  # tokens/s
+    "percent": "{:+.1%}".format,  # a relative error held as a fraction
 }
 _LATEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
           "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from launcher import registry
 from launcher.errors import StateError
 from launcher.placement import topology
 from launcher.report.plots import plots
 from launcher.report.prediction import prediction_plot, prediction_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
+from launcher.store import Store
 from train.result import RunResult
 from train.spec import write_atomic
 
@@ -25,9 +27,10 @@ def notes_for(cluster) -> list[str]:
     return [LOCAL_NOTE] if cluster.executor == "local" else []
 
 
-def write_report(sweep_dir: Path, results: list[RunResult], notes: list[str] = ()) -> tuple[str, list[Path]]:
-    """Write table3/table4 (and the achieved placement) as .md/.csv/.tex and the plots; return the markdown
-    and every file written. `notes` go under Table 3 (see notes_for)."""
+def write_report(sweep_dir: Path, results: list[RunResult], cluster=None) -> tuple[str, list[Path]]:
+    """Write table3/table4 (and, where placement means something, the achieved placement) as .md/.csv/.tex and
+    the plots; return the markdown and every file written. `cluster`'s notes go under Table 3 (notes_for); on a
+    local cluster every rank ran on this machine, so no placement table is written."""
     sweep_dir = Path(sweep_dir)
     if not results:
         before = sweep_dir.parent.parent / sweep_dir.name  # <results_dir>/<sweep>, the layout before clusters
@@ -39,12 +42,15 @@ def write_report(sweep_dir: Path, results: list[RunResult], notes: list[str] = (
     # the cost model's prediction beside each measurement
     predicted = {e["run_id"]: e["predicted_ratio_to_fsdp"] for e in plan["runs"]}
     tables = {"table3": table3(results, predicted), "table4": table4(results)}
-    tables["table3"].notes += notes
-    steps = prediction_table(results, plan)
+    tables["table3"].notes += notes_for(cluster) if cluster is not None else []
+    manifest = Store(sweep_dir).entries
+    steps = prediction_table(results, plan, registry.load(sweep_dir, [r.run_id for r in results]),
+                             next((e["rank_order"] for e in manifest.values() if "rank_order" in e), None))
     if steps is not None:
         tables["prediction"] = steps
     topo_path = sweep_dir / "topology.json"
-    if topo_path.exists():  # saved at submission: check where the ranks really ran
+    local = cluster is not None and cluster.executor == "local"
+    if topo_path.exists() and not local:  # saved at submission: check where the ranks really ran
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
         tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
                                     columns, rows, ["text", "fixed", "fixed", "fixed", "text"])
