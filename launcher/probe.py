@@ -88,7 +88,9 @@ def table(probe: dict) -> str:
         lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "
                      f"{w['batch_per_rank']}x{w['seq_len']} tokens, {w['precision']}: forward "
                      f"{per['forward_s'] * 1e3:.1f} ms, backward {per['backward_s'] * 1e3:.1f} ms, "
-                     f"optimizer (whole model) {per['optimizer_s'] * 1e3:.1f} ms per rank")
+                     f"optimizer (whole model) {per['optimizer_s'] * 1e3:.1f} ms per rank"
+                     + (f"; repeatability: forward+backward within ±{w['spread']['forward_backward']:.1%} over "
+                        f"{len(w['repeats'])} repeats (medians shown)" if "spread" in w else ""))
     return "\n".join(lines)
 
 

@@ -4,6 +4,8 @@ Every rank of the probe job measures at once, as training computes (ranks sharin
 bandwidth slow each other as they do in a step). Models with 1 and 2 decoder layers are timed, so the root
 (embeddings, lm_head) and one layer separate and a model of any depth is priced without building it whole
 (Llama-3.1-8B's two-layer slice has 1.5 B parameters, ~24 GB with fp32 AdamW state, against 8 B).
+The calibration is repeated and reported with its spread, so a prediction says how repeatable its compute is;
+a layer or root that comes out zero or negative is re-measured, then refused, never clamped.
 16-bit precisions compute in bf16 over fp32 weights ("paper": bf16 weights too), as train.parallelize does.
 """
 from __future__ import annotations
@@ -16,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from . import model as models
+from .errors import FedshardError
 
 PHASES = ("forward_s", "backward_s", "optimizer_s")
 
@@ -57,20 +60,62 @@ def _time_one(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precisi
     return [statistics.median(s[k] for s in samples) for k in range(3)]
 
 
-def calibrate(rank: int, workloads: list[dict], device: str = "cpu", iters: int = 3, progress=None) -> list[dict]:
-    """[{**workload, "root": {phase: s}, "layer": {phase: s}}] for workloads {model, batch_per_rank, seq_len,
-    precision}: the slowest rank's medians; every rank must call it with the same workloads."""
-    out = []
-    for w in workloads:
-        one, two = (_time_one(w["model"], layers, w["batch_per_rank"], w["seq_len"], w["precision"], device,
-                              iters) for layers in (1, 2))
+class CalibrationError(FedshardError):
+    """A phase that did not grow from the 1-layer to the 2-layer model (or a root below zero), re-measured and
+    still so: the measurement is below the machine's noise and would price a layer at nothing."""
+
+
+def _split(one: list[float], two: list[float]) -> tuple[list[float], list[float]] | None:
+    """(root, layer) per phase from the 1- and 2-layer timings; None when any part is not positive."""
+    layer = [b - a for a, b in zip(one, two)]
+    root = [a - lay for a, lay in zip(one, layer)]
+    return (root, layer) if min(root + layer) > 0 else None
+
+
+def _measure_once(w: dict, device: str, iters: int, tries: int) -> tuple[list[float], list[float]]:
+    """One calibration of workload w: the slowest rank's 1- and 2-layer medians, split into root and layer;
+    re-measured up to `tries` times while a part comes out zero or negative, then an error (never clamped)."""
+    for _ in range(tries):
+        one, two = (_time_one(w["model"], layers, w["batch_per_rank"], w["seq_len"], w["precision"], device, iters)
+                    for layers in (1, 2))
         slowest = torch.tensor(one + two, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         one, two = slowest[:3].tolist(), slowest[3:].tolist()
-        layer = [max(b - a, 0.0) for a, b in zip(one, two)]
-        out.append({**w, "root": dict(zip(PHASES, (max(a - lay, 0.0) for a, lay in zip(one, layer)))),
-                    "layer": dict(zip(PHASES, layer))})
+        parts = _split(one, two)
+        if parts is not None:
+            return parts
+    raise CalibrationError(f"probe: compute of {w['batch_per_rank']}x{w['seq_len']} tokens ({w['precision']}): a "
+                           f"phase of the 2-layer model was not slower than the 1-layer model's in {tries} tries "
+                           f"(1 layer {[f'{t * 1e3:.2f}' for t in one]} ms, 2 layers "
+                           f"{[f'{t * 1e3:.2f}' for t in two]} ms, forward/backward/optimizer): the work is below "
+                           f"this machine's timing noise; raise probe.iters or the run's batch_per_rank or seq_len")
+
+
+def spread(values: list[float]) -> float:
+    """Half the range over the median: how far repeats of one calibration stray from their middle."""
+    return (max(values) - min(values)) / 2 / statistics.median(values)
+
+
+def calibrate(rank: int, workloads: list[dict], device: str = "cpu", iters: int = 3, repeats: int = 5,
+              progress=None, tries: int = 3) -> list[dict]:
+    """[{**workload, "root": {phase: s}, "layer": {phase: s}, "repeats": [...], "spread": {...}}] for workloads
+    {model, batch_per_rank, seq_len, precision}. Each workload is calibrated `repeats` times (each the slowest
+    rank's medians over `iters` steps); root and layer are the medians over the repeats, `repeats` keeps every
+    one, and `spread` gives, per phase of the whole model at the workload's depth, half the range over the
+    median. Every rank must call it with the same arguments."""
+    out = []
+    for w in workloads:
+        done = [_measure_once(w, device, iters, tries) for _ in range(repeats)]
+        L = w["model"]["num_hidden_layers"]
+        whole = [[root[k] + L * layer[k] for k in range(3)] for root, layer in done]
+        out.append({**w, "root": dict(zip(PHASES, (statistics.median(d[0][k] for d in done) for k in range(3)))),
+                    "layer": dict(zip(PHASES, (statistics.median(d[1][k] for d in done) for k in range(3)))),
+                    "repeats": [{"root": dict(zip(PHASES, root)), "layer": dict(zip(PHASES, layer))}
+                                for root, layer in done],
+                    "spread": {**dict(zip(PHASES, (spread([x[k] for x in whole]) for k in range(3)))),
+                               "forward_backward": spread([x[0] + x[1] for x in whole])}})
         if progress is not None and rank == 0:
-            progress(f"probe: compute of {w['model'].get('num_hidden_layers')}-layer model at "
-                     f"{w['batch_per_rank']}x{w['seq_len']} tokens ({w['precision']}) done")
+            progress(f"probe: compute of {L}-layer model at {w['batch_per_rank']}x{w['seq_len']} tokens "
+                     f"({w['precision']}) done: forward+backward within ±{out[-1]['spread']['forward_backward']:.1%} "
+                     f"over {repeats} repeats")
     return out

@@ -1,0 +1,53 @@
+"""Compute calibration: repeated, reported as medians with their spread, and never clamped silently."""
+import statistics
+
+import pytest
+
+from train.local_ranks import run_ranks
+
+TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
+        "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64}
+WORKLOAD = {"model": TINY, "batch_per_rank": 2, "seq_len": 16, "precision": "fp32"}
+
+
+def _calibrate(rank, world):
+    from train.calibrate import calibrate
+
+    return calibrate(rank, [WORKLOAD], iters=2, repeats=5)
+
+
+def test_calibration_is_repeated_and_reports_medians_and_spread():
+    results = run_ranks(_calibrate, 2)
+    assert results[0] == results[1]  # the slowest rank's numbers, everywhere
+    [w] = results[0]
+    assert len(w["repeats"]) == 5
+    for part in ("root", "layer"):
+        for phase, value in w[part].items():
+            assert value == statistics.median(r[part][phase] for r in w["repeats"])
+            assert all(r[part][phase] > 0 for r in w["repeats"])  # nothing clamped: every part measured positive
+    whole = [r["root"]["forward_s"] + r["root"]["backward_s"] + 3 * (r["layer"]["forward_s"] + r["layer"]["backward_s"])
+             for r in w["repeats"]]
+    assert w["spread"]["forward_backward"] == pytest.approx((max(whole) - min(whole)) / 2 / statistics.median(whole))
+
+
+def _scripted(rank, world, script):
+    """calibrate with _time_one replaced by scripted (1-layer, 2-layer) timings, one pair per try."""
+    from train import calibrate as cal
+
+    timings = iter(script)
+    cal._time_one = lambda model, layers, *a: next(timings)
+    try:
+        return cal.calibrate(rank, [WORKLOAD], repeats=1, tries=3)
+    except cal.CalibrationError as exc:
+        return str(exc)
+
+
+def test_a_non_positive_part_is_measured_again_then_refused():
+    good = ([3.0, 6.0, 1.0], [4.0, 8.0, 1.5])  # layer 1/2/0.5, root 2/4/0.5
+    flat = ([3.0, 6.0, 1.0], [4.0, 8.0, 1.0])  # the 2-layer optimizer no slower: layer optimizer 0
+    [[w]] = run_ranks(_scripted, 1, [*flat, *good])
+    assert w["layer"] == {"forward_s": 1.0, "backward_s": 2.0, "optimizer_s": 0.5}
+    assert w["root"] == {"forward_s": 2.0, "backward_s": 4.0, "optimizer_s": 0.5}
+    [error] = run_ranks(_scripted, 1, [*flat, *flat, *flat])
+    assert error.startswith("probe: compute of 2x16 tokens (fp32): a phase of the 2-layer model was not slower "
+                            "than the 1-layer model's in 3 tries")
