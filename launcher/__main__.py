@@ -1,4 +1,4 @@
-"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report] [results_dir=DIR] [overrides]`
+"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report|probe|validate] [results_dir=DIR] [overrides]`
 (also installed as `fedshard`).
 
 Overrides are composed by Hydra here, so that every error is one line; Hydra's own flags (--help,
@@ -64,6 +64,10 @@ def main(argv: list[str]) -> int:
             return 0
         from launcher.run import run_sweep
 
+        if settings.action == "validate":
+            from launcher.validate import validate
+
+            return validate(settings)
         return run_sweep(settings)
     except FedshardError as exc:  # anything else is a bug: its traceback is kept
         print(f"fedshard: error: {exc}", file=sys.stderr)

@@ -17,7 +17,7 @@ from launcher.secrets import redact
 from train.sections import reject_unknown
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-ACTIONS = ("run", "plan", "report", "probe")
+ACTIONS = ("run", "plan", "report", "probe", "validate")
 # in_job: ranks ordered by topology at job start; pinned: nodes and rank order chosen at submission;
 # slurm: SLURM's own node and rank order kept (the paper's runs; the placement ablation's baseline)
 PLACEMENTS = ("in_job", "pinned", "slurm")

@@ -31,11 +31,12 @@ def test_calibration_is_repeated_and_reports_medians_and_spread():
 
 
 def _scripted(rank, world, script):
-    """calibrate with _time_one replaced by scripted (1-layer, 2-layer) timings, one pair per try."""
+    """calibrate with _time_one replaced by scripted (1-layer, 2-layer) timings, one pair per try; the models
+    have 100 and 150 parameters (root 50, layer 50)."""
     from train import calibrate as cal
 
     timings = iter(script)
-    cal._time_one = lambda model, layers, *a: next(timings)
+    cal._time_one = lambda model, layers, *a: (next(timings), 50 + 50 * layers)
     try:
         return cal.calibrate(rank, [WORKLOAD], repeats=1, tries=3)
     except cal.CalibrationError as exc:
@@ -43,11 +44,14 @@ def _scripted(rank, world, script):
 
 
 def test_a_non_positive_part_is_measured_again_then_refused():
-    good = ([3.0, 6.0, 1.0], [4.0, 8.0, 1.5])  # layer 1/2/0.5, root 2/4/0.5
-    flat = ([3.0, 6.0, 1.0], [4.0, 8.0, 1.0])  # the 2-layer optimizer no slower: layer optimizer 0
+    good = ([3.0, 6.0, 1.0], [4.0, 8.0, 1.5])  # layer 1/2, root 2/4; optimizer 2.5 s / 250 parameters
+    flat = ([3.0, 6.0, 1.0], [3.0, 8.0, 1.5])  # the 2-layer forward no slower: layer forward 0
     [[w]] = run_ranks(_scripted, 1, [*flat, *good])
-    assert w["layer"] == {"forward_s": 1.0, "backward_s": 2.0, "optimizer_s": 0.5}
-    assert w["root"] == {"forward_s": 2.0, "backward_s": 4.0, "optimizer_s": 0.5}
+    assert w["layer"] == {"forward_s": 1.0, "backward_s": 2.0, "optimizer_s": pytest.approx(0.5)}
+    assert w["root"] == {"forward_s": 2.0, "backward_s": 4.0, "optimizer_s": pytest.approx(0.5)}
+    noisy = ([3.0, 6.0, 1.0], [4.0, 8.0, 0.9])  # optimizer by parameter count: never negative from noise
+    [[w]] = run_ranks(_scripted, 1, [*noisy])
+    assert w["layer"]["optimizer_s"] == pytest.approx(1.9 / 250 * 50)
     [error] = run_ranks(_scripted, 1, [*flat, *flat, *flat])
-    assert error.startswith("probe: compute of 2x16 tokens (fp32): a phase of the 2-layer model was not slower "
-                            "than the 1-layer model's in 3 tries")
+    assert error.startswith("probe: compute of 2x16 tokens (fp32): the forward or backward of the 2-layer model was "
+                            "not slower than the 1-layer model's in 3 tries")

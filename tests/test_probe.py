@@ -75,3 +75,33 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
         assert 0 < full <= none and e["predicted_step_s"] == none  # CPU: no overlap
         assert e["predicted_compute_s"] > 0 and e["predicted_tokens_per_s"] > 0
     assert "compute measured by the probe" in proc.stdout and "fastest layouts on 2 nodes" in proc.stdout
+
+
+def test_action_validate_probes_then_runs_with_registered_predictions(tmp_path):
+    """probe -> plan -> runs -> report in one command: every prediction compared is registered, made with the
+    calibration of this very job; a second validation on the same directory, or a hand-picked probe, is refused."""
+    import csv
+    import subprocess
+    import sys
+
+    from tests.support import clean_env
+
+    def launcher(*args):
+        return subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", *args,
+                               f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=900,
+                              env=clean_env(slurm_client=False))
+
+    proc = launcher("action=validate", "probe.max_bytes=16777216", "probe.iters=3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sweep = tmp_path / "local" / "smoke"
+    assert "probe written to" in proc.stdout and proc.stdout.index("probe written to") < proc.stdout.index("submitted")
+    rows = list(csv.DictReader((sweep / "prediction.csv").open()))
+    assert [r["run_id"] for r in rows] == ["fsdp-F1-R1-S4", "fl_fsdp-F2-R1-S2-A2"]
+    assert all(r["basis"] == "registered" and r["predicted_at"] <= r["started_at"] for r in rows)
+    assert "registered predictions within ±20%" in (sweep / "prediction.md").read_text()
+    again = launcher("action=validate")
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"fedshard: error: action=validate needs runs that have not run yet, but {sweep} holds results of 2 "
+        f"(fsdp-F1-R1-S4, ...): use a fresh results_dir"]
+    picked = launcher("action=validate", f"cluster.probe={sweep / 'probe.json'}")
+    assert picked.returncode == 2 and "unset cluster.probe" in picked.stderr

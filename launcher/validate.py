@@ -1,0 +1,23 @@
+"""action=validate: probe -> plan -> runs -> report in one command, so the step-time model is validated on a
+calibration made before the runs and on predictions registered before each run started; nothing can be refitted
+afterwards. It refuses a sweep directory that already holds results, and a probe chosen by hand."""
+from __future__ import annotations
+
+from launcher.errors import ConfigError
+from launcher.probe import probe
+from launcher.run import run_sweep
+from launcher.settings import Settings
+from launcher.sweep import expand
+
+
+def validate(settings: Settings) -> int:
+    if settings.cluster.probe is not None:
+        raise ConfigError("action=validate probes this cluster itself, before the runs; unset cluster.probe (a probe "
+                          "picked among several is a calibration chosen afterwards)")
+    done = [r.run_id for r in expand(settings) if (settings.sweep_dir / r.run_id / "result.json").exists()]
+    if done:
+        raise ConfigError(f"action=validate needs runs that have not run yet, but {settings.sweep_dir} holds "
+                          f"results of {len(done)} ({done[0]}{', ...' if len(done) > 1 else ''}): use a fresh "
+                          f"results_dir")
+    probe(settings)
+    return run_sweep(settings)
