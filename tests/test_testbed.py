@@ -129,8 +129,10 @@ def test_capture_script_snapshot_plans_like_the_live_cluster(testbed, tmp_path):
     assert [r["hostfile"] for r in plans[0]] == [r["hostfile"] for r in plans[1]]
 
 
+# 400 steps: after a scancel at step 20 the tasks run on for KillWait (10 s) ignoring SIGTERM; the 380 steps left
+# (about 15 s at the 40 ms a step measured here) must outlast it, or the cancelled job completes (seen at 200)
 RESUME_SWEEP = ["sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5", "sweep.strategies=[fl_fsdp]",
-                "sweep.nodes=[2]", "sweep.train.steps=200", "sweep.train.log_every=10", "train.checkpoint_every=20",
+                "sweep.nodes=[2]", "sweep.train.steps=400", "sweep.train.log_every=10", "train.checkpoint_every=20",
                 "train.stop_check_every=1", "retries=1"]
 RESUME_RUN = "fl_fsdp-F2-R1-S2-A2"
 
