@@ -310,6 +310,7 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     [row] = prediction_table(reps, plan, reg_reps).rows
     assert row[5:9] == [0.9, 0.75, pytest.approx(12.7062 * 2 ** 0.5 / 2 ** 0.5 / 8, rel=1e-4), pytest.approx(0.2)]
     assert row[11:13] == ["registered", 2]
+    assert prediction_table(reps, plan, reg_reps).notes[-1] == "network: probe x; compute: measured."
     del reg_reps["hsdp-F1-R2-S2-rep2"]
     assert prediction_table(reps, {"runs": [{**entry("hsdp-F1-R2-S2-rep1", 0.9)}]}, reg_reps).rows[0][11] == "post hoc"
     note = order_note([("a", 1.0, 2.0, 0.1), ("b", 2.0, 1.0, 0.1), ("c", 3.0, 3.0, 0.1), ("d", 3.5, 2.95, 0.1)])

@@ -37,7 +37,7 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     registered = registered or {}
     entries = {e["run_id"]: e for e in plan["runs"] if "predicted_step_s" in e}
     started = {r.run_id: r.started_at for r in results}
-    rows, shrunk, blind = [], [], []
+    rows, shrunk, blind, sources = [], [], [], set()
     for r in sorted(group_repeats(results), key=paper_order):
         basis = _basis(r["runs"], registered, started)
         e = registered.get(r["runs"][0]) if basis == "registered" else entries.get(r["runs"][0])
@@ -56,6 +56,7 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
         times = [registered[run]["predicted_at"] for run in r["runs"] if run in registered]
         starts = [started[run] for run in r["runs"] if started[run]]
         model = e["model"] if basis == "registered" else model_name(e.get("model") or {})
+        sources.add(e["compute_source"])
         rows.append([r["run_id"], r["strategy"], e.get("placement", placement), model,
                      r["seq_len"], e["predicted_step_s"], measured, ci, e["predicted_step_s"] / measured - 1,
                      min(times) if times else None, min(starts) if starts else None, basis, r["repeats"], full, none,
@@ -83,8 +84,7 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
         table.notes.append(order_note([(row[0], row[5], row[6], row[7] or 0.0) for row in counted]))
     else:
         table.notes.append("No prediction was registered before its runs started: no accuracy is claimed.")
-    table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: "
-                       f"{'; '.join(sorted({entries.get(r[0], {}).get('compute_source', '?') for r in rows}))}.")
+    table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(sources))}.")
     return table
 
 
