@@ -55,10 +55,12 @@ def model_name(model: dict) -> str:
 class Registry:
     """The plan's predictions of one sweep, registered run by run as they are submitted."""
 
-    def __init__(self, sweep_dir: Path, entries: list, rank_order: str, network: str, probe: Path | None):
-        self.sweep_dir, self.rank_order, self.network = sweep_dir, rank_order, network
+    def __init__(self, sweep_dir: Path, entries: list, rank_order: str, probe: Path | None):
+        """`probe`: the probe.json the plan priced with (launcher.prediction.probe_file); None: nominal bandwidth
+        and peak_flops, as compute_source says."""
+        self.sweep_dir, self.rank_order = sweep_dir, rank_order
         self.entries = {e.run_id: e for e in entries}
-        self.probe_sha256 = file_sha256(probe)
+        self.probe, self.probe_sha256 = (str(probe) if probe else None), file_sha256(probe)
 
     def register(self, run_id: str) -> bool:
         """Store run_id's prediction unless one is registered already (the first stands: a retry or a resumed
@@ -69,7 +71,7 @@ class Registry:
             return False
         record = {"run_id": run_id, "strategy": e.strategy, "F": e.F, "R": e.R, "S": e.S, "A": e.A,
                   "placement": self.rank_order, "model": model_name(e.model), "seq_len": e.train["seq_len"],
-                  **{k: getattr(e, k) for k in PREDICTED}, "network": self.network,
+                  **{k: getattr(e, k) for k in PREDICTED}, "probe": self.probe,
                   "probe_sha256": self.probe_sha256, "commit": commit(), "predicted_at": utc_now()}
         write_atomic(path, json.dumps(record, indent=2) + "\n")
         return True

@@ -1,7 +1,6 @@
 """action=run: submit every unfinished run, wait with progress, collect results, print the tables."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -260,8 +259,7 @@ def run_sweep(settings: Settings) -> int:
                                                         settings.cluster.rank_order)
     with SweepLock(settings.sweep_dir):
         planned, entries = plan(settings, runs, echo=False)
-        network = json.loads((settings.sweep_dir / "plan.json").read_text())["network"]
-        sweeper = Sweeper(settings, Registry(settings.sweep_dir, entries, settings.cluster.rank_order, network,
+        sweeper = Sweeper(settings, Registry(settings.sweep_dir, entries, settings.cluster.rank_order,
                                              probe_file(settings)))
         try:
             sweeper.run(planned)

@@ -96,7 +96,7 @@ def expand(settings: Settings) -> list[Run]:
                           f"expected one of {', '.join(STRATEGIES)}")
     if not isinstance(sweep.repeats, int) or sweep.repeats < 1:
         raise ConfigError(f"sweep.repeats must be a positive integer, got {sweep.repeats!r}")
-    runs: list[tuple[int, Run]] = []  # (repeat, run)
+    repeated: list[tuple[int, Run]] = []  # (repeat, run)
     for nodes in _node_counts(settings):
         for strategy in sweep.strategies:
             As = sweep.A if strategy.startswith("fl_") else [None]
@@ -107,11 +107,11 @@ def expand(settings: Settings) -> list[Run]:
                     point = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes}
                     if _excluded(point, sweep.exclude):
                         continue
-                    runs += [(rep, _run(settings, strategy, nodes, F, A, rep, note))
-                             for rep in range(1, sweep.repeats + 1)]
+                    repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note))
+                                 for rep in range(1, sweep.repeats + 1)]
     # round-robin: every configuration's first repeat, then every second one..., so that drift on the machine
     # (load, thermal, a noisy neighbour) spreads over all configurations instead of favouring the early ones
-    runs = [run for _, run in sorted(runs, key=lambda pair: pair[0])]
+    runs = [run for _, run in sorted(repeated, key=lambda pair: pair[0])]
     if not runs:
         raise ConfigError(f"sweep {sweep.name!r} expands to no runs (check strategies and exclude)")
     ids = [r.run_id for r in runs]

@@ -16,13 +16,13 @@ def test_the_first_registration_stands(tmp_path):
     probe = tmp_path / "probe.json"
     probe.write_text("{}")
     (tmp_path / "fsdp").mkdir()
-    first = Registry(tmp_path, [entry("fsdp", 1.5)], "slurm", "probe p", probe)
+    first = Registry(tmp_path, [entry("fsdp", 1.5)], "slurm", probe)
     assert first.register("fsdp") and not first.register("nothing-planned")
     record = json.loads((tmp_path / "fsdp" / "prediction.json").read_text())
     assert record["predicted_step_s"] == 1.5 and record["placement"] == "slurm" and record["model"] == "tiny"
     assert record["probe_sha256"] == "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"  # of "{}"
     assert record["predicted_at"].endswith("+00:00") and record["seq_len"] == 32
-    later = Registry(tmp_path, [entry("fsdp", 9.9)], "slurm", "probe p", None)  # a retry, a re-plan
+    later = Registry(tmp_path, [entry("fsdp", 9.9)], "slurm", None)  # a retry, a re-plan
     assert not later.register("fsdp")
     assert load(tmp_path, ["fsdp", "other"])["fsdp"]["predicted_step_s"] == 1.5
 

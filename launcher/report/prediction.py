@@ -20,6 +20,8 @@ COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_ste
            "predicted_no_overlap_s", "predicted_compute_s", "predicted_shard_comm_s", "predicted_replicate_comm_s",
            "predicted_federation_comm_s"]
 KINDS = ["text"] * 5 + ["auto"] * 3 + ["percent"] + ["text"] * 3 + ["auto"] * 7
+PREDICTED, MEASURED, CI, ERROR, BASIS = (COLUMNS.index(c) for c in ("predicted_step_s", "measured_step_s",
+                                                                    "measured_ci_s", "error", "basis"))
 
 
 def _basis(runs: list[str], registered: dict[str, dict], started: dict[str, str | None]) -> str:
@@ -71,17 +73,17 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     if shrunk:
         table.notes.append(f"Left out: {', '.join(shrunk)}, whose runs lost nodes and resumed on another layout "
                            f"(retry_shrink).")
-    counted = [row for row in rows if row[11] == "registered"]
-    post_hoc = [row[0] for row in rows if row[11] != "registered"]
+    counted = [row for row in rows if row[BASIS] == "registered"]
+    post_hoc = [row[0] for row in rows if row[BASIS] != "registered"]
     if post_hoc:
         table.notes.append(f"Post hoc: {', '.join(post_hoc)} had no prediction registered before their runs "
                            f"started; they are shown, not counted in any accuracy figure.")
     if counted:
-        worst = max(counted, key=lambda row: abs(row[8]))
-        within = sum(abs(row[8]) <= TOLERANCE for row in counted)
+        worst = max(counted, key=lambda row: abs(row[ERROR]))
+        within = sum(abs(row[ERROR]) <= TOLERANCE for row in counted)
         table.notes.append(f"{within} of {len(counted)} registered predictions within ±{TOLERANCE:.0%}; largest "
-                           f"error {100 * worst[8]:+.1f}% ({worst[0]}).")
-        table.notes.append(order_note([(row[0], row[5], row[6], row[7] or 0.0) for row in counted]))
+                           f"error {100 * worst[ERROR]:+.1f}% ({worst[0]}).")
+        table.notes.append(order_note([(row[0], row[PREDICTED], row[MEASURED], row[CI] or 0.0) for row in counted]))
     else:
         table.notes.append("No prediction was registered before its runs started: no accuracy is claimed.")
     table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(sources))}.")
@@ -110,10 +112,10 @@ def prediction_plot(table: Table, path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(5.5, 5))
     for i, row in enumerate(table.rows):  # post hoc predictions hollow
-        registered = row[11] == "registered"
-        ax.errorbar(row[6], row[5], xerr=row[7], marker=MARKERS[i % len(MARKERS)], zorder=3,
+        registered = row[BASIS] == "registered"
+        ax.errorbar(row[MEASURED], row[PREDICTED], xerr=row[CI], marker=MARKERS[i % len(MARKERS)], zorder=3,
                     label=row[0] + ("" if registered else " (post hoc)"), mfc=None if registered else "none")
-    values = [v for row in table.rows for v in (row[5], row[6])]
+    values = [v for row in table.rows for v in (row[PREDICTED], row[MEASURED])]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="y = x")
     ax.fill_between([lo, hi], [lo * (1 - TOLERANCE), hi * (1 - TOLERANCE)],

@@ -190,9 +190,9 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         base = fsdp.get(planned_world(r))
         if not base or base[key] is None or not r[key]:
             return None
-        seeds = sorted(set(base[f"{key}_by_repeat"]) & set(r[f"{key}_by_repeat"]))
         if not spread:
             return base[key] / r[key]
+        seeds = sorted(set(base[f"{key}_by_repeat"]) & set(r[f"{key}_by_repeat"]))
         if not seeds:  # nothing to pair: the ratio of the means, no interval
             return base[key] / r[key], None, None
         return stats.paired_ratio(*([row[f"{key}_by_repeat"][k] for k in seeds] for row in (base, r)))
@@ -206,9 +206,10 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
             return base[key] / r[key] if base and base[key] is not None and r[key] else None
         return cell
 
-    def quality(r):
+    def quality(r):  # none where this run or its FSDP reference has not learned
         base = fsdp.get(planned_world(r))
-        return None if False in (r["learned"], base and base["learned"]) else paired("eval_ppl", r)
+        unlearned = r["learned"] is False or (base is not None and base["learned"] is False)
+        return None if unlearned else paired("eval_ppl", r)
 
     def value(key: str):  # (mean, 95 % half-width over repeats) once any configuration was repeated
         return (lambda r: (r[key], r[f"{key}_ci"])) if spread else (lambda r: r[key])
