@@ -17,6 +17,7 @@ from launcher.slurm import scontrol
 from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
 from launcher.store import FINAL, Store
 from launcher.sweep import PlannedRun, Run, expand
+from launcher.target import REFERENCE, ReferenceTarget, resolution_note
 from train import submitit_compat
 from train.errors import AlignmentError, DataError, SpecError
 from train.result import RunResult
@@ -211,9 +212,10 @@ class Sweeper:
             self._settle_live(run_id, None)
         self.running.clear()
 
-    def run(self, planned: list[PlannedRun]) -> None:
-        """Local (or `sequential`) runs go one at a time, as they share hardware; others are submitted together."""
-        self.total = len(planned)
+    def run(self, planned: list[PlannedRun], total: int | None = None) -> None:
+        """Local (or `sequential`) runs go one at a time, as they share hardware; others are submitted together.
+        `total`: the sweep's run count, where these runs are only its first part (sweep.target=reference)."""
+        self.total = total or len(planned)
         todo = [p for p in planned if not self.store.finished(p.run.run_id)]
         for p in planned:
             if p not in todo:
@@ -253,6 +255,10 @@ def run_sweep(settings: Settings) -> int:
     runs = expand(settings)
     entries = Store(settings.sweep_dir).entries  # runs shrunk by an earlier invocation resume on their layout
     runs = [shrink.as_recorded(r, entries.get(r.run_id, {}), settings.cluster.gpus_per_node) for r in runs]
+    target = ReferenceTarget(settings.sweep_dir, runs, settings.train) if settings.sweep.target else None
+    note = resolution_note(settings)
+    if note:
+        print(note, flush=True)
     check_environment(settings.cluster)
     wandb_log.check(settings.wandb)
     Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name,
@@ -262,12 +268,14 @@ def run_sweep(settings: Settings) -> int:
         sweeper = Sweeper(settings, Registry(settings.sweep_dir, entries, settings.cluster.rank_order,
                                              probe_file(settings)))
         try:
-            sweeper.run(planned)
+            if target is not None and target.declared is None:
+                _run_reference_first(sweeper, planned, target)
+            else:
+                sweeper.run(planned)
         except KeyboardInterrupt:
             sweeper.cancel_running()
             raise
-        results = [RunResult.load(settings.sweep_dir / r.run_id / "result.json")
-                   for r in runs if sweeper.store.finished(r.run_id)]
+        results = finished(sweeper.store, settings.sweep_dir, runs)
         if results:
             markdown, written = write_report(settings.sweep_dir, results, settings.cluster)
             print(markdown)
@@ -280,3 +288,20 @@ def run_sweep(settings: Settings) -> int:
               + "; ".join(f"{k}: {v}" for k, v in sweeper.failed.items()))
         return 1
     return 0
+
+
+def finished(store: Store, sweep_dir, runs: list[Run]) -> list[RunResult]:
+    return [RunResult.load(sweep_dir / r.run_id / "result.json") for r in runs if store.finished(r.run_id)]
+
+
+def _run_reference_first(sweeper: Sweeper, planned: list[PlannedRun], target: ReferenceTarget) -> None:
+    """The reference runs, then the target declared from them, then the other runs with it in their specs."""
+    reference = {r.run_id for r in target.reference}
+    sweeper.run([p for p in planned if p.run.run_id in reference], total=len(planned))
+    results = finished(sweeper.store, sweeper.settings.sweep_dir, target.reference)
+    if len(results) < len(reference):
+        print(f"fedshard: no target declared: {len(reference) - len(results)} {REFERENCE} run(s) did not finish, "
+              f"so the other {len(planned) - len(reference)} run(s) were not submitted", flush=True)
+        return
+    target.declare(results)
+    sweeper.run([p for p in planned if p.run.run_id not in reference], total=len(planned))

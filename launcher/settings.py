@@ -105,6 +105,7 @@ class Sweep:
     repeats: int = 1
     exclude: list[dict] = field(default_factory=list)
     train: dict = field(default_factory=dict)
+    target: str | None = None  # reference: the target perplexity comes from the reference (fsdp) runs, run first
 
 
 @dataclass
@@ -226,6 +227,8 @@ def compose(overrides: list[str]) -> Settings:
     cluster = _typed(Cluster, raw["cluster"], "cluster").validate()
     sweep = _typed(Sweep, raw["sweep"], "sweep")
     check_name(sweep.name, check_name(cluster.name, results_dir, "cluster.name"))
+    if sweep.target not in (None, "reference"):
+        raise ConfigError(f"sweep.target must be reference or null, got {redact(repr(sweep.target))}")
     if not isinstance(sweep.train, dict):
         raise ConfigError(f"sweep.train must be a mapping, got {sweep.train!r}")
     return Settings(

@@ -20,7 +20,7 @@ from .errors import SpecError
 from .federated import FedAvg
 from .outer import DiLoCo
 from .preemption import StopRequest
-from .result import RankRecord, RunResult
+from .result import RankRecord, RunResult, target_crossing
 from .spec import RunSpec
 from .watchdog import Watchdog
 
@@ -255,7 +255,7 @@ class Trainer:
             mfu = per_token * tokens_per_s / (self.world * spec.peak_flops)
         train_loss = self.log.final_loss(min(cfg.log_every, cfg.steps))
         history = [[e["step"], e["train_time_s"], e["eval_ppl"]] for e in self.log.evals]
-        reached = next((e for e in history if cfg.target_ppl is not None and e[2] <= cfg.target_ppl), None)
+        reached = target_crossing(history, cfg.target_ppl)
         return RunResult(
             run_id=spec.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A,
             world_size=self.world, steps=cfg.steps, seq_len=cfg.seq_len, batch_per_rank=cfg.batch_per_rank,

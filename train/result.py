@@ -153,6 +153,13 @@ class RunResult:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def with_target(self, target_ppl: float | None) -> "RunResult":
+        """This result judged against a target: time and step of its first evaluation at or below it. A target
+        declared after the run (sweep.target=reference, from the reference runs) is applied this way too."""
+        reached = target_crossing(self.eval_history, target_ppl)
+        return dataclasses.replace(self, target_ppl=target_ppl, time_to_target_s=reached[1] if reached else None,
+                                   steps_to_target=reached[0] if reached else None)
+
     @classmethod
     def from_dict(cls, raw: dict) -> "RunResult":
         if not isinstance(raw, dict):
@@ -183,6 +190,11 @@ class RunResult:
 
     def save(self, path: str | os.PathLike) -> None:
         write_atomic(Path(path), json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def target_crossing(history: list[list], target_ppl: float | None) -> list | None:
+    """The first [step, train_time_s, eval_ppl] of an eval history at or below target_ppl (None: not reached)."""
+    return next((e for e in history if target_ppl is not None and e[2] <= target_ppl), None)
 
 
 def _names(cls) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher import registry
+from launcher import registry, target
 from launcher.errors import StateError
 from launcher.placement import topology
 from launcher.report.plots import plots
@@ -37,6 +37,7 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None) -> tup
         moved = (f"; {before} holds a sweep from before directories were keyed by cluster: move it to {sweep_dir}"
                  if (before / "manifest.jsonl").exists() else "")
         raise StateError(f"no results under {sweep_dir}{moved}")
+    results = target.judged(sweep_dir, results)  # the reference runs, against the target declared from them
     plan_path = sweep_dir / "plan.json"
     plan = json.loads(plan_path.read_text()) if plan_path.exists() else {"runs": []}
     # the cost model's prediction beside each measurement
