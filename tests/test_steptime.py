@@ -3,7 +3,7 @@ import pytest
 
 from launcher.errors import ConfigError
 from launcher.placement import topology
-from launcher.placement.allocate import place
+from launcher.placement.allocate import assess, place
 from launcher.placement.costmodel import Model, llama_params
 from launcher.placement.levels import traffic
 from launcher.placement.steptime import Compute, Network, Shapes, load, step_time
@@ -131,6 +131,17 @@ def test_traffic_counts_groups_per_link():
     # two FedAvg groups (one per shard index) over the four nodes: both on every link
     assert traffic([["a1", "a2", "b1", "b2"]] * 2, topo) == {0: 2, 1: 2}
     assert traffic([["a1", "a1"], ["a2", "a2"]], topo) == {-1: 1}
+    # SLURM's order numbers nodes across the leaves: the same ring crosses each trunk twice each way
+    assert traffic([["a1", "a1", "b1", "b1", "a2", "a2", "b2", "b2"]], topo) == {0: 1, 1: 2}
+    assert traffic([["a1", "b1", "a2", "b2"]] * 2, topo) == {0: 2, 1: 4}
+
+
+def test_slurm_rank_order_prices_the_fsdp_ring_over_the_trunk_twice():
+    topo = _tree()
+    interleaved = assess(1, 1, 8, [h for h in ("a1", "b1", "a2", "b2") for _ in range(2)], topo)
+    grouped = assess(1, 1, 8, [h for h in ("a1", "a2", "b1", "b2") for _ in range(2)], topo)
+    assert load(interleaved, 1, 1, 8, topo)["shard"] == {0: 1, 1: 2}
+    assert load(grouped, 1, 1, 8, topo)["shard"] == {0: 1, 1: 1}
 
 
 def test_load_of_placed_layouts():

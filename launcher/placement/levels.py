@@ -45,21 +45,30 @@ def level_name(lv: int) -> str:
 
 
 def traffic(groups: list[list[str]], topo: Topology) -> dict[int, int]:
-    """{level: flows} for communicators that run at once, each given by its members' hosts: for every level a
-    group crosses, the most groups crossing one link of it. A child's link up to a switch of level k is crossed
-    by each group with members both below and outside the child (a ring crosses it once each way); level -1
-    counts groups that stay inside one node, per node."""
+    """{level: flows} for communicators that run at once, each given by its members' hosts in rank order: for
+    every level a group crosses, the most flows on one link of it. A ring runs through the members in rank
+    order, so it crosses a child's link up to a switch once each way for every two boundaries between members
+    inside and outside the child, taken cyclically: SLURM's order (tb1 tb2 tb3 tb4 across two leaves) takes an
+    8-rank ring over each trunk twice each way, the topology's order once. Level -1 counts groups that stay
+    inside one node, per node."""
     load: dict[tuple[int, str], int] = {}
-    for hosts in (set(g) for g in groups if len(g) > 1):
-        chains = [[h] + topo.ancestors(h) for h in hosts]
-        if len(hosts) == 1:
-            crossed = {(-1, chains[0][0])}
+    for hosts in (g for g in groups if len(g) > 1):
+        chains = {h: [h] + topo.ancestors(h) for h in hosts}
+        if len(chains) == 1:
+            crossed = {(-1, hosts[0]): 1}
         else:
-            shared = set.intersection(*(set(c) for c in chains))
-            crossed = {(topo.level[c[i + 1]], c[i]) for c in chains for i in range(len(c) - 1) if c[i] not in shared}
-        for key in crossed:
-            load[key] = load.get(key, 0) + 1
+            shared = set.intersection(*(set(c) for c in chains.values()))
+            children = {(c[i], topo.level[c[i + 1]]) for c in chains.values() for i in range(len(c) - 1)
+                        if c[i] not in shared}
+            crossed = {(lv, child): _ring_crossings([child in chains[h] for h in hosts]) for child, lv in children}
+        for key, flows in crossed.items():
+            load[key] = load.get(key, 0) + flows
     out: dict[int, int] = {}
     for (lv, _), n in load.items():
         out[lv] = max(out.get(lv, 0), n)
     return out
+
+
+def _ring_crossings(inside: list[bool]) -> int:
+    """How often a ring through the members, in order, crosses one way between inside and outside."""
+    return sum(a != b for a, b in zip(inside, inside[1:] + inside[:1])) // 2
