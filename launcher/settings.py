@@ -5,6 +5,7 @@ mistake becomes one line and exit code 2, and so one invocation is one sweep.
 """
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 import types
@@ -198,15 +199,22 @@ def compose(overrides: list[str]) -> Settings:
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-    try:
+    def composed(overrides: list[str]):
         with initialize_config_dir(str(CONF_DIR), version_base=None):
-            cfg = hydra_compose("config", overrides=overrides)
-        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+            return hydra_compose("config", overrides=overrides)
+
+    try:
+        raw = OmegaConf.to_container(composed(overrides), resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as exc:  # a `???` in conf/, e.g. data=text without data.paths
         raise ConfigError(f"{exc.full_key} must be set (it is ??? in conf/): add {exc.full_key}=... to the "
                           f"command line") from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        raise ConfigError(_first_line(exc)) from None
+        msg = _first_line(exc)
+        unknown = re.match(r"Could not override '([^']+)'", msg)
+        if unknown:
+            groups = [o for o in overrides if (CONF_DIR / o.split("=")[0]).is_dir()]  # sweep=..., cluster=...
+            msg += _closest(unknown.group(1), lambda: composed(groups))
+        raise ConfigError(msg) from None
     raw.pop("hydra", None)
     reject_unknown("top-level", raw, (f.name for f in fields(Settings)), ConfigError)
     if raw["action"] not in ACTIONS:
@@ -266,6 +274,32 @@ def train_settings(preset: dict, sweep: Sweep, overrides: list[str]) -> dict:
                   f"train.{key}={sweep.train[key]!r}")
             merged[key] = preset.get(key)
     return merged
+
+
+def _closest(key: str, config) -> str:
+    """'; did you mean K?' for the known key nearest to an unknown one (in the config its groups select)."""
+    from omegaconf import OmegaConf
+
+    try:
+        keys = list(_dotted(OmegaConf.to_container(config(), resolve=False)))
+    except Exception:  # the groups chosen do not compose either: the first error is the one to show
+        return ""
+    parent, _, leaf = key.lstrip("+").rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+    if siblings:  # a known section: compare the last name only, so "train." itself is no likeness
+        match = [f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)]
+    else:
+        match = difflib.get_close_matches(key.lstrip("+"), keys, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]}?" if match else ""
+
+
+def _dotted(tree: dict, prefix: str = ""):
+    for key, value in tree.items():
+        if key == "hydra":
+            continue
+        yield prefix + str(key)
+        if isinstance(value, dict):
+            yield from _dotted(value, f"{prefix}{key}.")
 
 
 def _first_line(exc: Exception) -> str:

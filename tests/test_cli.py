@@ -97,3 +97,19 @@ def test_plans_for_two_clusters_do_not_overwrite_each_other(tmp_path):
     assert plans["local"]["runs"][0]["world_size"] == 8 and plans["leonardo"]["runs"][0]["world_size"] == 512
     assert (tmp_path / "local" / "paper_table3" / "topology.json").exists()
     assert sorted(os.listdir(tmp_path)) == ["leonardo", "local"]
+
+
+def test_every_train_key_has_its_default_in_conf_and_is_set_plainly():
+    """conf/train/base.yaml is TrainConfig's defaults; every preset starts from it, so no key needs a `+`."""
+    import dataclasses
+
+    from launcher.settings import compose
+    from train.spec import TrainConfig
+
+    base = yaml.safe_load((ROOT / "conf" / "train" / "base.yaml").read_text())
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert {k: tuple(v) if isinstance(v, list) else v for k, v in base.items()} == defaults
+    for preset in sorted(p.stem for p in (ROOT / "conf" / "train").glob("*.yaml")):
+        assert set(compose(["sweep=smoke", f"train={preset}"]).train) >= set(defaults), preset
+    typed = compose(["sweep=smoke", "train.eps=1e-6", "train.watchdog_s=30", "train.init=meta"]).train
+    assert (typed["eps"], typed["watchdog_s"], typed["init"]) == (1e-6, 30, "meta")
