@@ -17,7 +17,9 @@ from launcher.errors import ConfigError
 from launcher.secrets import redact
 from train.sections import reject_unknown
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
+CONF_DIR = next((d for d in (Path(__file__).resolve().parent / "conf", Path(__file__).resolve().parent.parent / "conf")
+                 if (d / "config.yaml").exists()), Path(__file__).resolve().parent.parent / "conf")
 ACTIONS = ("run", "plan", "report", "probe", "validate")
 # in_job: ranks ordered by topology at job start; pinned: nodes and rank order chosen at submission;
 # slurm: SLURM's own node and rank order kept (the paper's runs; the placement ablation's baseline)

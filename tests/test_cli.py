@@ -113,3 +113,24 @@ def test_every_train_key_has_its_default_in_conf_and_is_set_plainly():
         assert set(compose(["sweep=smoke", f"train={preset}"]).train) >= set(defaults), preset
     typed = compose(["sweep=smoke", "train.eps=1e-6", "train.watchdog_s=30", "train.init=meta"]).train
     assert (typed["eps"], typed["watchdog_s"], typed["init"]) == (1e-6, 30, "meta")
+
+
+def test_a_built_wheel_plans_from_another_directory_without_torch(tmp_path):
+    """A non-editable install carries conf/ (as launcher/conf), and planning on a login node imports neither torch
+    nor transformers."""
+    wheel_dir, site = tmp_path / "wheel", tmp_path / "site"
+    def pip(*args):
+        proc = subprocess.run([sys.executable, "-m", "pip", "-q", *args], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(wheel_dir), str(ROOT))
+    pip("install", "--no-deps", "--target", str(site), *map(str, wheel_dir.glob("*.whl")))
+    plan = ("import runpy, sys; sys.argv = ['launcher', 'sweep=smoke', 'action=plan', 'results_dir=out']\n"
+            "try:\n    runpy.run_module('launcher', run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+            "import launcher\nprint(launcher.__file__, code, sorted({'torch', 'transformers'} & set(sys.modules)))")
+    env = {**clean_env(), "PYTHONPATH": str(site)}
+    proc = subprocess.run([sys.executable, "-c", plan], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == f"{site / 'launcher' / '__init__.py'} 0 []"
+    assert (tmp_path / "out" / "local" / "smoke" / "plan.json").exists()

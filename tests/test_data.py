@@ -200,3 +200,18 @@ def test_text_errors_name_the_offending_path_or_key(corpus, tiny_tokenizer, tmp_
     raises("eval_fraction", [root], eval_fraction=1.0)
     raises("no training block", [bad / "short.txt"], seq_len=5, eval_fraction=0.9)
     raises("bogus, extra", [root], bogus=1, extra=2)
+
+
+def test_parquet_without_pyarrow_is_named_before_anything_runs(tmp_path, monkeypatch):
+    """pyarrow is the `parquet` extra: without it a .parquet path is one line naming the extra."""
+    import importlib.util
+
+    from train.sections import data_section
+
+    (tmp_path / "tok").mkdir()
+    pq.write_table(pa.table({"text": ["w1 w2"]}), tmp_path / "a.parquet")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a))
+    section = data_section({"kind": "text", "paths": [str(tmp_path)], "tokenizer": str(tmp_path / "tok")})
+    with pytest.raises(DataError, match=r"a.parquet needs pyarrow, which is not installed: .*'fedshard\[parquet\]'"):
+        section.files()

@@ -8,6 +8,7 @@ train/model.py.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterable, Mapping
@@ -106,6 +107,9 @@ class TextData:
                 raise DataError(f"unsupported data file {p} (expected .txt, .jsonl or .parquet)")
         if not files:
             raise DataError(f"no .txt/.jsonl/.parquet files found in {', '.join(self.paths)}")
+        parquet = next((f for f in files if f.suffix == ".parquet"), None)
+        if parquet is not None and importlib.util.find_spec("pyarrow") is None:
+            raise DataError(f"reading {parquet} needs pyarrow, which is not installed: pip install 'fedshard[parquet]'")
         return files
 
 
