@@ -8,14 +8,13 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-import types
-import typing
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from launcher.report.wandb_log import MODES as WANDB_MODES
 from launcher.secrets import redact
-from train.sections import reject_unknown
+from train.sections import check_types, matches, reject_unknown
 
 # the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
 CONF_DIR = next((d for d in (Path(__file__).resolve().parent / "conf", Path(__file__).resolve().parent.parent / "conf")
@@ -66,6 +65,8 @@ class Cluster:
         return [b * 1e9 for b in self.bandwidth_GBps]
 
     def validate(self) -> "Cluster":
+        if self.network is not None:
+            _typed(TestbedNetwork, self.network, "cluster.network")
         if self.executor not in ("local", "slurm"):
             raise ConfigError(f"cluster.executor must be local or slurm, got {self.executor!r}")
         for key in ("nodes", "gpus_per_node", "time_min"):
@@ -95,6 +96,24 @@ class Cluster:
             raise ConfigError(f"cluster {self.name!r} has no partition: set cluster.partition=NAME "
                               f"(see `sinfo -s` for the partitions you can use)")
         return self
+
+
+@dataclass
+class TestbedNetwork:
+    """What slurm/testbed/testbed.py builds from cluster.network (conf/cluster/testbed.yaml)."""
+
+    subnet: str          # the first three octets, e.g. 10.210.0
+    leaves: dict[str, list[str]]  # leaf switch -> its nodes
+    spine: str
+    node_link: str       # tc rates, e.g. 1gbit
+    trunk: str
+
+
+@dataclass
+class Wandb:
+    enabled: bool  # log runs to Weights & Biases (grouped by sweep)
+    mode: str      # offline | online | disabled
+    project: str
 
 
 @dataclass
@@ -139,34 +158,8 @@ def _typed(cls, raw: dict, where: str):
         obj = cls(**raw)
     except TypeError as exc:  # a required key is missing
         raise ConfigError(f"{where}: {exc}") from None
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        value = getattr(obj, f.name)
-        if not _is(value, hints[f.name]):
-            raise ConfigError(f"{where}.{f.name} must be {_describe(hints[f.name])}, got {redact(repr(value))}")
+    check_types(obj, where, ConfigError, show=lambda value: redact(repr(value)))
     return obj
-
-
-def _is(value, hint) -> bool:
-    """isinstance for the annotations used here: int, float, str, bool, list[X], dict, X | None."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return any(_is(value, arg) for arg in typing.get_args(hint))
-    if hint is type(None):
-        return value is None
-    if typing.get_origin(hint) is list:
-        return isinstance(value, list) and all(_is(v, typing.get_args(hint)[0]) for v in value)
-    if hint in (int, float) and isinstance(value, bool):
-        return False
-    return isinstance(value, (int, float) if hint is float else hint)
-
-
-def _describe(hint) -> str:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(hint))
-    if typing.get_origin(hint) is list:
-        return f"a list of {_describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
-    return {int: "an integer", float: "a number", str: "a string", bool: "a boolean", dict: "a mapping",
-            list: "a list", type(None): "null"}[hint]
 
 
 def _one_command(line: str, key: str) -> str:
@@ -221,12 +214,12 @@ def compose(overrides: list[str]) -> Settings:
     reject_unknown("top-level", raw, (f.name for f in fields(Settings)), ConfigError)
     if raw["action"] not in ACTIONS:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")
-    if not _is(raw["retries"], int) or raw["retries"] < 0:
+    if not matches(raw["retries"], int) or raw["retries"] < 0:
         raise ConfigError(f"retries must be an integer >= 0, got {raw['retries']!r}")
     if not isinstance(raw["retry_shrink"], bool):
         raise ConfigError(f"retry_shrink must be true or false, got {raw['retry_shrink']!r}")
     for key in ("poll_s", "progress_s"):
-        if not _is(raw[key], float) or not raw[key] > 0:
+        if not matches(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
     for key in ("model", "train", "data", "wandb", "probe"):
         if not isinstance(raw[key], dict):
@@ -246,13 +239,20 @@ def compose(overrides: list[str]) -> Settings:
         retry_shrink=raw["retry_shrink"], poll_s=float(raw["poll_s"]),
         progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
-        data=raw["data"], wandb=raw["wandb"], probe=_probe_settings(raw["probe"]))
+        data=raw["data"], wandb=_wandb_settings(raw["wandb"]), probe=_probe_settings(raw["probe"]))
+
+
+def _wandb_settings(raw: dict) -> dict:
+    wandb = _typed(Wandb, raw, "wandb")
+    if wandb.mode not in WANDB_MODES:
+        raise ConfigError(f"wandb.mode must be one of {', '.join(WANDB_MODES)}, got {redact(repr(wandb.mode))}")
+    return asdict(wandb)
 
 
 def _probe_settings(probe: dict) -> dict:
     reject_unknown("probe", probe, ("max_bytes", "iters"), ConfigError)
     for key, low in (("max_bytes", 1024), ("iters", 1)):
-        if not _is(probe.get(key), int) or probe[key] < low:
+        if not matches(probe.get(key), int) or probe[key] < low:
             raise ConfigError(f"probe.{key} must be an integer >= {low}, got {probe.get(key)!r}")
     return probe
 

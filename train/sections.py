@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterable, Mapping
@@ -111,6 +113,51 @@ class TextData:
         if parquet is not None and importlib.util.find_spec("pyarrow") is None:
             raise DataError(f"reading {parquet} needs pyarrow, which is not installed: pip install 'fedshard[parquet]'")
         return files
+
+
+def check_types(obj, where: str, error: type[Exception], show=repr) -> None:
+    """Every field of a dataclass instance of the type its annotation names, else one line naming the key: the
+    dataclasses are the one schema, so a key added later is checked too."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if not matches(value, hints[f.name]):
+            raise error(f"{where}.{f.name} must be {describe(hints[f.name])}, got {show(value)}")
+
+
+def matches(value, hint) -> bool:
+    """isinstance for the annotations used in configs: int, float, str, bool, dict, list[X], dict[K, V],
+    tuple[X, ...], X | None (a bool is not a number; an int is a float)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(matches(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        return isinstance(value, list) and all(matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(matches(k, args[0]) and matches(v, args[1]) for k, v in value.items())
+    if origin is tuple:
+        return (isinstance(value, (list, tuple)) and len(value) == len(args)
+                and all(matches(v, a) for v, a in zip(value, args)))
+    if hint in (int, float) and isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float) if hint is float else hint)
+
+
+def describe(hint) -> str:
+    """An annotation in words, for error lines: 'an integer', 'a number or null', 'a list of strings'..."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(arg) for arg in args)
+    if origin is list:
+        return f"a list of {describe(args[0]).split(' ', 1)[1]}s"
+    if origin is dict:
+        return f"a mapping of {describe(args[0]).split(' ', 1)[1]}s to {describe(args[1]).split(' ', 1)[1]}s"
+    if origin is tuple:
+        return f"a list of {len(args)} {describe(args[0]).split(' ', 1)[1]}s"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false", dict: "a mapping",
+            list: "a list", type(None): "null"}[hint]
 
 
 DataSection = SyntheticData | TextData

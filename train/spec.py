@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import SpecError
-from .sections import DataSection, ModelSection, SyntheticData, data_section, data_to_dict, reject_unknown
+from .sections import DataSection, ModelSection, SyntheticData, check_types, data_section, data_to_dict, reject_unknown
 
 STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 # FedAvg packs shards into flat buffers of at most this size, one collective each (train.federated; the
@@ -71,6 +71,7 @@ class TrainConfig:
         return self.outer_fragments > 1 or self.outer_delay > 0
 
     def validate(self) -> None:
+        check_types(self, "train", SpecError)
         positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch", "stop_check_every",
                     "outer_fragments")
         for key in positive:
