@@ -6,8 +6,10 @@ mistake becomes one line and exit code 2, and so one invocation is one sweep.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shlex
+import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -174,6 +176,21 @@ def _one_command(line: str, key: str) -> str:
 _OPTION = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
+def check_writable(results_dir: Path) -> None:
+    """results_dir, or the deepest part of it that exists, is a directory this process can create entries in:
+    tried by making and removing an empty directory there, so nothing is left behind and nothing fails later."""
+    existing = results_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"results_dir={results_dir} cannot be created: {existing} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fedshard-write-check-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"results_dir={results_dir} is not writable here: {existing}: "
+                          f"{exc.strerror or exc}") from None
+
+
 def check_name(name, parent: Path, key: str = "sweep.name") -> Path:
     """parent/name, where name (cluster.name or sweep.name) is a single ordinary path component that stays
     inside parent: the sweep directory is <results_dir>/<cluster.name>/<sweep.name>."""
@@ -227,6 +244,7 @@ def compose(overrides: list[str]) -> Settings:
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
         raise ConfigError(f"results_dir must be a directory path, got {raw['results_dir']!r}")
     results_dir = Path(raw["results_dir"]).resolve()
+    check_writable(results_dir)
     cluster = _typed(Cluster, raw["cluster"], "cluster").validate()
     sweep = _typed(Sweep, raw["sweep"], "sweep")
     check_name(sweep.name, check_name(cluster.name, results_dir, "cluster.name"))

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.support import ROOT, clean_env
@@ -134,3 +135,16 @@ def test_a_built_wheel_plans_from_another_directory_without_torch(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-1] == f"{site / 'launcher' / '__init__.py'} 0 []"
     assert (tmp_path / "out" / "local" / "smoke" / "plan.json").exists()
+
+
+@pytest.mark.parametrize("where, why", [("afile", "afile is a file, not a directory"),
+                                        ("afile/deeper", "afile is a file, not a directory"),
+                                        ("/proc/fedshard-results", "is not writable here: /proc")])
+def test_a_results_dir_that_cannot_be_written_is_one_line(where, why, tmp_path, capsys):
+    from launcher.__main__ import main
+
+    (tmp_path / "afile").write_text("")
+    assert main(["sweep=smoke", "action=plan", f"results_dir={tmp_path / where}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedshard: error: results_dir=") and why in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing left behind
