@@ -1,0 +1,66 @@
+"""Committed results are the launcher's own sweep directories, with every run's result.json and metrics.jsonl:
+`action=report` on a copy rebuilds each committed table byte for byte with the current code."""
+import csv
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import ROOT, clean_env
+
+RESULTS = ROOT / "results"
+# each committed sweep directory (under results/) -> what names it on the command line
+COMMITTED = {
+    "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
+}
+REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
+
+
+def test_every_committed_sweep_is_rebuilt_here():
+    found = {str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/manifest.jsonl")}
+    assert found == set(COMMITTED)
+
+
+@pytest.mark.parametrize("where", sorted(COMMITTED))
+def test_report_rebuilds_the_committed_tables(where, tmp_path):
+    committed = RESULTS / where
+    runs = [p.parent for p in committed.glob("*/spec.json")]
+    assert runs and all((r / "result.json").exists() and (r / "metrics.jsonl").exists() for r in runs)
+    shutil.copytree(committed, tmp_path / where)
+    for name in REBUILT:
+        (tmp_path / where / name).unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "launcher", "action=report", f"results_dir={tmp_path}",
+                           *COMMITTED[where]], capture_output=True, text=True, cwd=ROOT,
+                          env=clean_env(slurm_client=False), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for name in REBUILT:
+        if (committed / name).exists():
+            assert (tmp_path / where / name).read_bytes() == (committed / name).read_bytes(), name
+    header = next(csv.reader((committed / "table3.csv").read_text().splitlines()))
+    assert "n" in header  # repeats are counted in every committed table
+
+
+def _table3(where: str) -> list[dict]:
+    return list(csv.DictReader((RESULTS / where / "table3.csv").read_text().splitlines()))
+
+
+def _runs(where: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((RESULTS / where).glob("*/result.json"))]
+
+
+def test_testbed_readme_quotes_testbed_table3_as_its_data_gives_it():
+    readme = (RESULTS / "testbed" / "README.md").read_text()
+    for row in _table3("testbed/testbed_table3"):
+        assert f"{float(row['Training time (s) mean']):.2f} ± {float(row['Training time (s) ci95']):.2f}" in readme
+        assert f"| {float(row['× less comm than FSDP (predicted)']):#.3g}×" in readme
+        if row["Strategy"] != "FSDP":
+            low, high = float(row["× faster than FSDP low"]), float(row["× faster than FSDP high"])
+            assert f"{float(row['× faster than FSDP']):.2f}× ({low:.2f}–{high:.2f})" in readme
+            assert low > 1  # "faster than FSDP": the interval excludes 1
+        assert row["Learned"] == "not learned" and row["n"] == "3"
+    runs = _runs("testbed/testbed_table3")
+    evals, baselines = [r["eval_ppl"] for r in runs], [r["baseline_ppl"] for r in runs]
+    assert all(r["eval_ppl"] > r["baseline_ppl"] for r in runs)
+    assert f"({min(evals):.2f}–{max(evals):.2f};" in readme and f"({min(baselines):.2f}–{max(baselines):.2f})" in readme
