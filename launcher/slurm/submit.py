@@ -8,10 +8,13 @@ killed outside Python, so we fall back to squeue / scontrol (with a timeout).
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shlex
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import submitit
@@ -118,7 +121,26 @@ def submit(cluster: Cluster, planned: PlannedRun, spec_path: Path, folder: Path,
     """Submit one run; a pinned run's hostfile is written (atomically) before its job exists."""
     if cluster.executor == "slurm" and cluster.placement == "pinned":
         write_atomic(hostfile_path(planned.run), planned.placement.hostfile())
-    return make_executor(cluster, planned, folder).submit(entrypoint(cluster, planned, spec_path, topology_path))
+    executor, job = make_executor(cluster, planned, folder), entrypoint(cluster, planned, spec_path, topology_path)
+    if cluster.executor == "local":
+        return executor.submit(job)
+    for attempt in range(1, SBATCH_TRIES + 1):
+        try:
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr, then raises it
+                return executor.submit(job)
+        except submitit.core.utils.FailedJobError as exc:
+            message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no message")
+            if attempt == SBATCH_TRIES or not any(t in message for t in SBATCH_TRANSIENT):
+                raise SubmitError(f"sbatch refused {planned.run.run_id}: {message}") from None
+            print(f"sbatch: {message}; trying again in {SBATCH_WAIT_S:g} s ({attempt}/{SBATCH_TRIES})", flush=True)
+            time.sleep(SBATCH_WAIT_S)
+
+
+SBATCH_TRIES, SBATCH_WAIT_S = 3, 5.0
+# sbatch's answers when slurmctld is busy or briefly away: another try may pass; anything else (a wrong
+# partition, account or QOS, a limit) would fail the same way and is the user's to fix
+SBATCH_TRANSIENT = ("temporarily unavailable", "Socket timed out", "Unable to contact slurm controller",
+                    "Slurm temporarily unable")
 
 
 class ReattachedLocalJob(submitit.LocalJob):
