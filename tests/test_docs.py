@@ -32,3 +32,11 @@ def test_links_in_the_docs_point_to_committed_files():
             if path not in tracked and path not in folders:
                 broken.append(f"{page} -> {target}")
     assert not broken, f"links to files git does not track: {broken[:5]}"
+
+
+def test_launcher_page_lists_every_config_group_option_from_conf():
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "config_groups.py")], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    page = (ROOT / "docs" / "launcher.md").read_text()
+    assert out.strip() in page, "docs/launcher.md's config groups are stale: paste `python docs/config_groups.py`"
+    assert out.count("\n") - 2 == len(list((ROOT / "conf").glob("*/*.yaml")))

@@ -19,7 +19,7 @@ from train.spec import write_atomic
 
 LOCAL_NOTE = ("cluster=local: every rank ran on this one machine, with no slow link between its virtual nodes, so "
               "the speed ratios do not test the paper's claim (which is about slow links between nodes); the SLURM "
-              "testbed (cluster=testbed, README) has shaped links and does.")
+              "testbed (cluster=testbed, docs/testbed.md) has shaped links and does.")
 
 
 def notes_for(cluster) -> list[str]:
