@@ -378,3 +378,21 @@ def test_runs_that_have_not_learned_get_no_quality_ratio():
     unlearned_reference = [dataclasses.replace(learned[0], eval_ppl=121.0), learned[2]]
     assert column(table3(unlearned_reference), "× lower eval PPL than FSDP") == [None, None]
     assert "Learned" not in table3(SWEEP).columns  # results without a baseline: no column
+
+
+def test_floor_is_a_line_near_the_curves_and_a_note_far_below_them():
+    import matplotlib.pyplot as plt
+
+    from launcher.report.plots import floor_line
+    from tests.support import make_result
+
+    runs = [make_result(floor_ppl=5.53), make_result(floor_ppl=5.62)]
+    for curve, drawn in (([500.0, 480.0], False), ([9.0, 6.1], True)):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], curve)
+        floor_line(ax, runs)
+        labels = [line.get_label() for line in ax.lines]
+        notes = [t.get_text() for t in ax.texts]
+        assert ("floor 5.53–5.62" in labels) == drawn  # one line for all seeds' floors, their range in its label
+        assert (notes == ["floor 5.53–5.62: far below these curves"]) == (not drawn)
+        plt.close(fig)
