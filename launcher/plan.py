@@ -11,7 +11,7 @@ from launcher.placement import allocate, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
 from launcher.placement.steptime import StepTime
-from launcher.prediction import Predictor
+from launcher.prediction import TOLERANCE, Predictor
 from launcher.report.tables import oriented
 from launcher.secrets import redact, redacted
 from launcher.settings import Settings
@@ -200,6 +200,23 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
     )
 
 
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.23 MB', 4.13e12 -> '4.13 TB' (decimal units, as disks and links are sold)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def close_to_best(ranking: list[dict]) -> int:
+    """How many of the ranked layouts (fastest first) predict a step within TOLERANCE of the fastest: more
+    than one means the prediction cannot tell them apart."""
+    if not ranking or "predicted_step_s" not in ranking[0]:
+        return 0
+    best = ranking[0]["predicted_step_s"]
+    return sum(row["predicted_step_s"] <= best * (1 + TOLERANCE) for row in ranking)
+
+
 def _gbps(b) -> str:
     return "-" if b is None else f"{b / GB:g}"
 
@@ -235,18 +252,21 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         gpus, cpus = node_share(settings.cluster)
         print(f"  nodes: {nodes['free']} with one node's share free ({gpus} GPUs, {cpus} CPUs)"
               + (f"; excluded: {why}" if why else "") + (f"; {nodes['note']}" if nodes["note"] else ""))
-    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  comm/step  "
-          f"{'less comm than FSDP':>19}  {'step (s)':>9} {'tokens/s':>9} {'faster than FSDP':>16}  checkpoint")
+    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  {'paper comm':>10} "
+          f"{'less comm than FSDP':>19}  {'compute':>8} {'comm':>8} {'step (s)':>9} {'tokens/s':>9} "
+          f"{'faster than FSDP':>16}  checkpoint")
     for e in entries:
         bw = "/".join(_gbps(e.bandwidth[k]) for k in ("B_S", "B_R", "B_F"))
         ratio = oriented(1 / e.predicted_ratio_to_fsdp, "more") if e.predicted_ratio_to_fsdp else "-"
         speedup = oriented(e.predicted_speedup_over_fsdp, "slower") if e.predicted_speedup_over_fsdp else "-"
+        compute = "?" if e.predicted_compute_s is None else f"{e.predicted_compute_s:.3g}s"
+        comm = f"{sum(e.predicted_comm_by_group_s.values()):.3g}s"
         print(f"  {e.run_id:<28} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
-              f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>8.3g}s  {ratio:>19}  "
-              f"{e.predicted_step_s:>9.3g} {e.predicted_tokens_per_s:>9,.0f} {speedup:>16}  "
-              f"{e.checkpoint_bytes / GB:>7.3g} GB" + (f"  {e.note}" if e.note else ""))
-    print(f"  comm/step and less comm: the paper's formulas at nominal bandwidth; step, tokens/s and faster: the "
-          f"step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "
+              f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>9.3g}s  {ratio:>19}  "
+              f"{compute:>8} {comm:>8} {e.predicted_step_s:>9.3g} {e.predicted_tokens_per_s:>9,.0f} {speedup:>16}  "
+              f"{human_bytes(e.checkpoint_bytes):>9}" + (f"  {e.note}" if e.note else ""))
+    print(f"  paper comm and less comm: the paper's formulas at nominal bandwidth; compute, comm, step, tokens/s and "
+          f"faster: the step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "
           f"overlap) with {network}, compute {entries[0].compute_source}")
     print(f"fastest layouts on {widest.nodes} nodes (predicted step time):")
     for row in ranking[:5]:
@@ -254,5 +274,9 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         print(f"  {row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}: "
               f"{row['predicted_step_s']:.3g} s/step, {oriented(row['speedup_over_fsdp'], 'slower', 'faster')} "
               f"than FSDP; comm {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP")
+    close = close_to_best(ranking)
+    if close > 1:
+        print(f"  no clear winner: the {close} fastest layouts are within ±{TOLERANCE:.0%} of the fastest, the "
+              f"tolerance the step-time model is validated to (action=validate)")
     print(f"plan written to {path}")
     return planned, entries

@@ -12,6 +12,8 @@ from launcher.placement.steptime import Compute, Network, Shapes, StepTime, load
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
 
+TOLERANCE = 0.20  # the step-time model's target: every validated prediction within ±20 % of the measured step
+
 
 def probe_file(settings: Settings) -> Path | None:
     """cluster.probe if set (it must exist), else the sweep's own probe.json when action=probe wrote one."""

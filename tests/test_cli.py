@@ -148,3 +148,17 @@ def test_a_results_dir_that_cannot_be_written_is_one_line(where, why, tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedshard: error: results_dir=") and why in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing left behind
+
+
+def test_plan_console_sizes_split_and_no_clear_winner(tmp_path):
+    from launcher.plan import close_to_best, human_bytes
+
+    assert [human_bytes(n) for n in (4.13e12, 48.2e9, 28.9e6, 1500, 12)] == ["4.13 TB", "48.2 GB", "28.9 MB",
+                                                                          "1.5 kB", "12 B"]
+    ranked = [{"predicted_step_s": s} for s in (1.0, 1.1, 1.19, 1.5)]
+    assert close_to_best(ranked) == 3 and close_to_best(ranked[3:]) == 1 and close_to_best([]) == 0
+    proc = _run("-m", "launcher", "sweep=paper_table3", "cluster=leonardo", "action=plan", f"results_dir={tmp_path}",
+                cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "compute     comm  step (s)" in proc.stdout and "4.13 TB" in proc.stdout and "e+03 GB" not in proc.stdout
+    assert re.search(r"no clear winner: the \d+ fastest layouts are within ±20% of the fastest", proc.stdout)

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher.prediction import TOLERANCE  # the band the plot shades and the notes count against
 from launcher.registry import before, model_name
 from launcher.report.results import group_repeats
 from launcher.report.tables import Table, paper_order
 from train.result import RunResult
-
-TOLERANCE = 0.20  # the band the plot shades and the notes count against
-
 
 COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s", "measured_step_s",
            "measured_ci_s", "error", "predicted_at", "started_at", "basis", "n", "predicted_full_overlap_s",
