@@ -250,7 +250,8 @@ def live_source(cluster) -> tuple[bool, str]:
     try:
         name = scontrol.cluster_name()
     except SlurmError as e:
-        return False, f"{ideal_tree}: no SLURM controller answered ({e})"
+        reason = str(e).strip().splitlines()[-1].rsplit(": ", 1)[-1][:80]  # scontrol's own last words, not its trace
+        return False, f"{ideal_tree}: no SLURM controller answered ({reason})"
     expected = cluster.slurm_name or cluster.name
     if name != expected:
         return False, (f"{ideal_tree}: this machine's SLURM is cluster {name!r}, not {expected!r} "
