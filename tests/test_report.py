@@ -289,6 +289,9 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     table = prediction_table(results, plan, reg, "topology")
     assert table.columns[:11] == ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s",
                                   "measured_step_s", "measured_ci_s", "error", "predicted_at", "started_at"]
+    assert table.to_csv().startswith("run_id,strategy,placement,model,seq_len,predicted_step_s,")
+    assert "| Run | Strategy | Placement | Model | Seq len | Predicted step (s) | Measured step (s) |" \
+        in table.to_markdown()
     rows = {r[0]: r for r in table.rows}
     assert rows["fsdp-F1-R1-S4"][1:12] == ["fsdp", "topology", "tiny", 16, 1.1, 1.0, None, pytest.approx(0.1),
                                            "2026-12-01T09:59:00+00:00", start, "registered"]

@@ -17,6 +17,10 @@ COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_ste
            "measured_ci_s", "error", "predicted_at", "started_at", "basis", "n", "predicted_full_overlap_s",
            "predicted_no_overlap_s", "predicted_compute_s", "predicted_shard_comm_s", "predicted_replicate_comm_s",
            "predicted_federation_comm_s"]
+HEADERS = ["Run", "Strategy", "Placement", "Model", "Seq len", "Predicted step (s)", "Measured step (s)",
+           "Measured ± 95 % (s)", "Error", "Predicted at", "Started at", "Basis", "n", "Predicted, full overlap (s)",
+           "Predicted, no overlap (s)", "Predicted compute (s)", "Predicted shard comm (s)",
+           "Predicted replicate comm (s)", "Predicted federation comm (s)"]  # prediction.csv keeps COLUMNS
 KINDS = ["text"] * 5 + ["auto"] * 3 + ["percent"] + ["text"] * 3 + ["auto"] * 7
 PREDICTED, MEASURED, CI, ERROR, BASIS = (COLUMNS.index(c) for c in ("predicted_step_s", "measured_step_s",
                                                                     "measured_ci_s", "error", "basis"))
@@ -64,7 +68,7 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     if not rows:
         return None
     table = Table("Step time: predicted (registered before the runs started, else post hoc) vs measured "
-                  "(train_time_s / steps)", COLUMNS, rows, KINDS)
+                  "(train_time_s / steps)", COLUMNS, rows, KINDS, headers=HEADERS)
     if blind:
         table.notes.append(f"Not shown: {', '.join(blind)}, planned with compute unknown (no probe, no peak_flops): "
                            f"a communication-only estimate is no step-time prediction; run action=probe first.")

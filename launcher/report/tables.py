@@ -81,13 +81,14 @@ class Table:
     kinds: list[str] | None = None
     notes: list[str] = field(default_factory=list)  # printed under the table (Markdown) or above it (LaTeX)
     spread: str = "std"
+    headers: list[str] | None = None  # what a reader sees (Markdown, LaTeX), where the CSV keeps `columns`
 
     def _kinds(self) -> list[str]:
         return self.kinds or ["auto"] * len(self.columns)
 
     def to_markdown(self) -> str:
         kinds = self._kinds()
-        lines = [f"**{self.title}**", "", "| " + " | ".join(self.columns) + " |",
+        lines = [f"**{self.title}**", "", "| " + " | ".join(self.headers or self.columns) + " |",
                  "|" + "|".join(":---" if k == "text" else "---:" for k in kinds) + "|"]
         lines += ["| " + " | ".join(_fmt(v, k) for v, k in zip(row, kinds)) + " |" for row in self.rows]
         lines += [""] + [f"- {note}" for note in self.notes] if self.notes else []
@@ -118,7 +119,7 @@ class Table:
         align = "".join("l" if k == "text" else "r" for k in kinds)
         body = [line(_fmt(v, k, separators=False) for v, k in zip(row, kinds)) for row in self.rows]
         head = [f"% {self.title}", *[f"% {note}" for note in self.notes]]
-        return "\n".join([*head, rf"\begin{{tabular}}{{{align}}}", r"\toprule", line(self.columns),
+        return "\n".join([*head, rf"\begin{{tabular}}{{{align}}}", r"\toprule", line(self.headers or self.columns),
                           r"\midrule", *body, r"\bottomrule", r"\end{tabular}", ""])
 
 
