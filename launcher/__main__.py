@@ -40,19 +40,25 @@ def hydra_cli(argv: list[str]) -> int:
 def main(argv: list[str]) -> int:
     if any(a.split("=", 1)[0] in HYDRA_FLAGS for a in argv):
         return hydra_cli(argv)
+    from launcher import multirun
     from launcher.settings import compose
 
     try:
-        settings = compose(argv)
+        runs = None  # expand(settings) unless a multirun (-m) gives every point's runs
+        if any(a in multirun.FLAGS for a in argv):
+            fixed, axes = multirun.split([a for a in argv if a not in multirun.FLAGS])
+            settings, runs = multirun.expand_points(fixed, axes) if axes else (compose(fixed), None)
+        else:
+            settings = compose(argv)
         if settings.action == "plan":
             from launcher.plan import plan
 
-            plan(settings)
+            plan(settings, runs)
             return 0
         if settings.action == "probe":
             from launcher.probe import probe
 
-            probe(settings)
+            probe(settings, runs)
             return 0
         if settings.action == "report":
             from launcher.report.results import load_results
@@ -67,8 +73,8 @@ def main(argv: list[str]) -> int:
         if settings.action == "validate":
             from launcher.validate import validate
 
-            return validate(settings)
-        return run_sweep(settings)
+            return validate(settings, runs)
+        return run_sweep(settings, runs)
     except FedshardError as exc:  # anything else is a bug: its traceback is kept
         print(f"fedshard: error: {exc}", file=sys.stderr)
         return 2

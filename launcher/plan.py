@@ -252,7 +252,8 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         gpus, cpus = node_share(settings.cluster)
         print(f"  nodes: {nodes['free']} with one node's share free ({gpus} GPUs, {cpus} CPUs)"
               + (f"; excluded: {why}" if why else "") + (f"; {nodes['note']}" if nodes["note"] else ""))
-    print(f"  {'run':<28} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  {'paper comm':>10} "
+    width = max(28, *(len(e.run_id) for e in entries))
+    print(f"  {'run':<{width}} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  {'paper comm':>10} "
           f"{'less comm than FSDP':>19}  {'compute':>8} {'comm':>8} {'step (s)':>9} {'tokens/s':>9} "
           f"{'faster than FSDP':>16}  checkpoint")
     for e in entries:
@@ -261,7 +262,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         speedup = oriented(e.predicted_speedup_over_fsdp, "slower") if e.predicted_speedup_over_fsdp else "-"
         compute = "?" if e.predicted_compute_s is None else f"{e.predicted_compute_s:.3g}s"
         comm = f"{sum(e.predicted_comm_by_group_s.values()):.3g}s"
-        print(f"  {e.run_id:<28} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
+        print(f"  {e.run_id:<{width}} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
               f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>9.3g}s  {ratio:>19}  "
               f"{compute:>8} {comm:>8} {e.predicted_step_s:>9.3g} {e.predicted_tokens_per_s:>9,.0f} {speedup:>16}  "
               f"{human_bytes(e.checkpoint_bytes):>9}" + (f"  {e.note}" if e.note else ""))

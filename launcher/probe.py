@@ -150,11 +150,12 @@ class ProbeJob:
                                                           "compute": compute}) + "\n")
 
 
-def probe(settings: Settings) -> Path:
-    """Run the probe job, echo its progress, fit, write probe.json and probe.png, print the table."""
+def probe(settings: Settings, runs: list | None = None) -> Path:
+    """Run the probe job, echo its progress, fit, write probe.json and probe.png, print the table. `runs`: the
+    sweep's runs when given (a multirun's), else expand(settings); their workloads are calibrated."""
     cluster = settings.cluster
     check_environment(cluster)
-    topo, _, _, planned, _ = place_runs(settings, expand(settings))
+    topo, _, _, planned, _ = place_runs(settings, expand(settings) if runs is None else runs)
     widest = max(planned, key=lambda p: p.run.spec.world_size)
     folder = settings.sweep_dir / "probe"
     raw_path = folder / "raw.json"

@@ -248,11 +248,12 @@ class Sweeper:
                 self.wait(len(todo))
 
 
-def run_sweep(settings: Settings) -> int:
+def run_sweep(settings: Settings, runs: list[Run] | None = None) -> int:
+    """`runs`: the sweep's runs when given (a multirun's, over all its points), else expand(settings)."""
     if settings.cluster.executor == "slurm":
         # submitit warns whenever sacct has no data (no accounting); job_done() copes without it.
         logging.getLogger("submitit").setLevel(logging.ERROR)
-    runs = expand(settings)
+    runs = expand(settings) if runs is None else runs
     entries = Store(settings.sweep_dir).entries  # runs shrunk by an earlier invocation resume on their layout
     runs = [shrink.as_recorded(r, entries.get(r.run_id, {}), settings.cluster.gpus_per_node) for r in runs]
     target = ReferenceTarget(settings.sweep_dir, runs, settings.train) if settings.sweep.target else None

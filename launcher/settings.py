@@ -330,6 +330,8 @@ def _first_line(exc: Exception) -> str:
         group = missing.group(1)
         options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
         msg += f" (available {group}: {', '.join(options)})"
+    elif msg.startswith("Ambiguous value for argument"):
+        msg += ": several values sweep that key only in a multirun (python -m launcher -m ...)"
     elif msg.startswith("Could not override"):
         msg = msg.rstrip(".") + ": no such key (the keys are in conf/)"
     return msg

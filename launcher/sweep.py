@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from launcher import multirun
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement
 from launcher.settings import Settings
@@ -82,9 +83,10 @@ def _excluded(point: dict, exclude: list) -> bool:
     return any(all(point.get(k) == v for k, v in rule.items()) for rule in exclude)
 
 
-def expand(settings: Settings) -> list[Run]:
+def expand(settings: Settings, point: dict[str, str] | None = None, axes: list | None = None) -> list[Run]:
     """Every run of the sweep, validated (a bad one stops the whole sweep before submission), repeats
-    interleaved round-robin."""
+    interleaved round-robin. `point`: the values a multirun gave its swept `axes` (launcher.multirun), which
+    `settings` were composed with; the run ids and specs carry them."""
     sweep = settings.sweep
     ModelSection.from_dict(settings.model)  # what the jobs would refuse at start, refused here
     data = data_section(settings.data)
@@ -104,10 +106,10 @@ def expand(settings: Settings) -> list[Run]:
             for F_asked in Fs:
                 F, note = scaled_F(F_asked, nodes, sweep.paper_nodes) if F_asked is not None else (None, "")
                 for A in As:
-                    point = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes}
-                    if _excluded(point, sweep.exclude):
+                    where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes}
+                    if _excluded(where, sweep.exclude):
                         continue
-                    repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note))
+                    repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or []))
                                  for rep in range(1, sweep.repeats + 1)]
     # round-robin: every configuration's first repeat, then every second one..., so that drift on the machine
     # (load, thermal, a noisy neighbour) spreads over all configurations instead of favouring the early ones
@@ -120,7 +122,8 @@ def expand(settings: Settings) -> list[Run]:
     return runs
 
 
-def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str) -> Run:
+def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str,
+         point: dict[str, str], axes: list) -> Run:
     cluster, sweep = settings.cluster, settings.sweep
     F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F)
     world = F_ * R * S
@@ -134,6 +137,9 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
         spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final
     except FedshardError as exc:
         raise ConfigError(f"{strategy} (F,R,S)=({F_},{R},{S}): {exc}") from None
+    if point:
+        spec.run_id += multirun.suffix(point, axes)
+        spec.axes = dict(point)
     if sweep.repeats > 1:
         spec.run_id += f"-rep{rep}"
         spec.train.seed += rep - 1  # repeats differ in seed, so they measure run-to-run spread

@@ -10,14 +10,15 @@ from launcher.settings import Settings
 from launcher.sweep import expand
 
 
-def validate(settings: Settings) -> int:
+def validate(settings: Settings, runs: list | None = None) -> int:
     if settings.cluster.probe is not None:
         raise ConfigError("action=validate probes this cluster itself, before the runs; unset cluster.probe (a probe "
                           "picked among several is a calibration chosen afterwards)")
-    done = [r.run_id for r in expand(settings) if (settings.sweep_dir / r.run_id / "result.json").exists()]
+    runs = expand(settings) if runs is None else runs
+    done = [r.run_id for r in runs if (settings.sweep_dir / r.run_id / "result.json").exists()]
     if done:
         raise ConfigError(f"action=validate needs runs that have not run yet, but {settings.sweep_dir} holds "
                           f"results of {len(done)} ({done[0]}{', ...' if len(done) > 1 else ''}): use a fresh "
                           f"results_dir")
-    probe(settings)
-    return run_sweep(settings)
+    probe(settings, runs)
+    return run_sweep(settings, runs)

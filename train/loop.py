@@ -262,7 +262,7 @@ class Trainer:
             tokens=tokens, train_time_s=train_time, tokens_per_s=tokens_per_s,
             tokens_per_s_per_device=tokens_per_s / self.world, train_ppl=math.exp(min(700.0, train_loss)),
             eval_ppl=eval_ppl, eval_time_s=eval_time, floor_ppl=self.source.floor_ppl,
-            baseline_ppl=self.source.baseline_ppl, started_at=self.state.started_at,
+            baseline_ppl=self.source.baseline_ppl, started_at=self.state.started_at, axes=dict(spec.axes),
             phases=self.log.phase_stats(), aggregation_event=self.log.aggregation_event_stats(),
             aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
             peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend, data=self.source.describe(),

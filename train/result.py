@@ -147,6 +147,8 @@ class RunResult:
                                       "chain's stationary distribution in closed form (synthetic), the eval tokens' "
                                       "own frequencies (text); a run whose eval_ppl is not below it has not learned",
                                       default=None)
+    axes: dict = _doc("the keys a Hydra multirun swept (python -m launcher -m ...) and this run's values, as typed",
+                      default_factory=dict)
     started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "
                                   "only if it was registered before", default=None)
 

@@ -139,6 +139,7 @@ class RunSpec:
     device: str = "auto"
     backend: str = "auto"
     peak_flops: float | None = None
+    axes: dict = field(default_factory=dict)  # keys a Hydra multirun swept (launcher -m) -> this run's value, as typed
 
     @property
     def world_size(self) -> int:
@@ -196,6 +197,9 @@ class RunSpec:
             raise SpecError(f"backend must be auto, gloo or nccl, got {self.backend!r}")
         if not self.out_dir:
             raise SpecError("out_dir must be set")
+        if not (isinstance(self.axes, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in self.axes.items())):
+            raise SpecError(f"axes must map swept keys to their values as strings, got {self.axes!r}")
         if self.peak_flops is not None and not self.peak_flops > 0:
             raise SpecError(f"peak_flops must be > 0 or null, got {self.peak_flops!r}")
         if not self.run_id:

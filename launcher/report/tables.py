@@ -124,8 +124,9 @@ class Table:
 
 
 def paper_order(result: dict) -> tuple:
-    """The paper's strategy order, then F, then A."""
-    return list(NAMES).index(result["strategy"]), result["F"], result["A"] or 0, result["run_id"]
+    """The paper's strategy order, then F, then A, then the swept values."""
+    return (list(NAMES).index(result["strategy"]), result["F"], result["A"] or 0,
+            tuple(sorted(result.get("axes", {}).items())), result["run_id"])
 
 
 def _ordered(results: list[RunResult]) -> list[dict]:
@@ -153,10 +154,18 @@ def _layout_cell(r: dict) -> str:
     return cell + " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"]) if r["layout_changes"] else cell
 
 
-def _config_columns() -> list[tuple]:
+def _config_columns(rows: list[dict]) -> list[tuple]:
+    """Strategy, layout, A, then a column per key a multirun swept (launcher.multirun)."""
+    swept = list(dict.fromkeys(key for r in rows for key in r["axes"]))
     return [("Strategy", "text", lambda r: NAMES[r["strategy"]]),
             ("(F,R,S)", "text", _layout_cell),
-            ("A", "auto", lambda r: r["A"])]
+            ("A", "auto", lambda r: r["A"]),
+            *((key, "text", lambda r, key=key: r["axes"].get(key)) for key in swept)]
+
+
+def reference_key(r: dict) -> tuple:
+    """What a configuration is compared with FSDP at: the same planned size and the same swept values."""
+    return planned_world(r), tuple(sorted(r["axes"].items()))
 
 
 def shrink_notes(rows: list[dict]) -> list[str]:
@@ -182,13 +191,13 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
     fsdp: dict[int, dict] = {}
     for r in rows:
         if r["strategy"] == "fsdp":
-            fsdp.setdefault(planned_world(r), r)
+            fsdp.setdefault(reference_key(r), r)
     spread = any(r["repeats"] > 1 for r in rows)
 
     def paired(key: str, r: dict):
         """FSDP's / this configuration's `key`: (ratio, low, high) over the seeds both ran once any configuration
         was repeated, else the ratio; None without an FSDP run of the same size."""
-        base = fsdp.get(planned_world(r))
+        base = fsdp.get(reference_key(r))
         if not base or base[key] is None or not r[key]:
             return None
         if not spread:
@@ -203,12 +212,12 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
             return lambda r: paired(key, r)
 
         def cell(r):
-            base = fsdp.get(planned_world(r))
+            base = fsdp.get(reference_key(r))
             return base[key] / r[key] if base and base[key] is not None and r[key] else None
         return cell
 
     def quality(r):  # none where this run or its FSDP reference has not learned
-        base = fsdp.get(planned_world(r))
+        base = fsdp.get(reference_key(r))
         unlearned = r["learned"] is False or (base is not None and base["learned"] is False)
         return None if unlearned else paired("eval_ppl", r)
 
@@ -216,7 +225,7 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         return (lambda r: (r[key], r[f"{key}_ci"])) if spread else (lambda r: r[key])
 
     columns = [
-        *_config_columns(),
+        *_config_columns(rows),
         ("n", "auto", lambda r: r["repeats"]),
         ("Training time (s)", "fixed", value("train_time_s")),
         # timed apart from training, so shown beside it when there were any
@@ -236,7 +245,7 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
 
     def within_noise(r) -> str:
         """The measures whose seed-paired ratio to FSDP's has a 95 % interval holding 1: no difference shown."""
-        if fsdp.get(planned_world(r)) is r:
+        if fsdp.get(reference_key(r)) is r:
             return ""
         same = []
         for name, cell in (("time", ratio("train_time_s")), ("eval PPL", quality)):
@@ -287,7 +296,7 @@ def table4(results: list[RunResult]) -> Table:
     that do not average as 0), then aggregation per FedAvg event, about A times the per-step figure."""
     rows = _ordered(results)
     columns = [
-        *_config_columns(),
+        *_config_columns(rows),
         *[(f"{p.capitalize()} (s)" if p != "aggregation" else "Aggregation per step (s)", "fixed",
            lambda r, p=p: _mean_std(r["phases"][p])) for p in PHASES],
         ("Aggregation per FedAvg (s)", "fixed", lambda r: _mean_std(r["aggregation_event"])),

@@ -1,0 +1,89 @@
+"""Hydra's multirun (`python -m launcher -m sweep=smoke train.lr=1e-3,1e-4`): each swept key becomes an axis of
+the same sweep, beside strategies x A x F x nodes. One plan, one manifest, run ids that carry the values, a table
+column per swept key. Overrides are parsed by Hydra's own parser, so its sweep syntax (a,b / choice() / range() /
+glob() over a group's options) means what Hydra documents."""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+from launcher.errors import ConfigError
+from launcher.settings import CONF_DIR
+
+FLAGS = ("-m", "--multirun")
+# what may vary between the runs of one sweep: what is trained, on what data, with what model
+SWEEPABLE = ("train", "model", "data")
+
+
+@dataclass(frozen=True)
+class Axis:
+    key: str            # e.g. train.lr, or a group: model
+    values: list[str]   # as Hydra renders them for an override
+
+    @property
+    def label(self) -> str:
+        """The key's last name, for run ids: lr, model."""
+        return self.key.rsplit(".", 1)[-1]
+
+
+def split(argv: list[str]) -> tuple[list[str], list[Axis]]:
+    """The overrides every run shares, and the swept ones as axes (in the order typed)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(argv)
+    except HydraException as exc:
+        raise ConfigError(str(exc).strip().splitlines()[0]) from None
+    fixed, axes = [], []
+    for override in parsed:
+        if not override.is_sweep_override():
+            fixed.append(override.input_line)
+            continue
+        key = override.get_key_element().lstrip("+~")
+        if key.split(".")[0] not in SWEEPABLE:
+            raise ConfigError(f"{key} cannot be swept with -m: one sweep runs on one cluster into one directory; "
+                              f"sweep train.*, model or data keys, and strategies, A, F and nodes with sweep.*")
+        if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
+            options = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+            values = override.value().filter(options)
+        else:
+            values = list(override.sweep_string_iterator())
+        if not values:
+            raise ConfigError(f"{override.input_line} sweeps no value")
+        axes.append(Axis(key, values))
+    keys = [a.key for a in axes]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{sorted({k for k in keys if keys.count(k) > 1})[0]} is swept twice")
+    return fixed, axes
+
+
+def points(axes: list[Axis]) -> list[dict[str, str]]:
+    """Every combination of the axes' values, {key: value}, first axis slowest."""
+    return [dict(zip((a.key for a in axes), combo)) for combo in itertools.product(*(a.values for a in axes))]
+
+
+def suffix(point: dict[str, str], axes: list[Axis]) -> str:
+    """The run id's part naming a point: -lr0.001-modeltiny (characters a directory name would trip on become _)."""
+    return "".join(f"-{a.label}{re.sub(r'[^A-Za-z0-9.+_]', '_', point[a.key])}" for a in axes)
+
+
+def expand_points(fixed: list[str], axes: list[Axis]):
+    """(settings of the first point, every run of every point): repeats interleaved across the points too, so
+    drift on the machine spreads over all of them."""
+    from launcher.settings import compose
+    from launcher.sweep import expand
+
+    first, runs = None, []
+    for point in points(axes):
+        settings = compose([*fixed, *(f"{key}={value}" for key, value in point.items())])
+        first = first or settings
+        runs += expand(settings, point, axes)
+    return first, sorted(runs, key=lambda run: _repeat(run.run_id))
+
+
+def _repeat(run_id: str) -> int:
+    match = re.search(r"-rep(\d+)$", run_id)
+    return int(match.group(1)) if match else 1

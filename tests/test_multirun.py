@@ -1,0 +1,64 @@
+"""Hydra's multirun: swept keys become axes of one sweep (one plan, one manifest, run ids carrying the values,
+a table column per swept key), parsed by Hydra's own override parser."""
+import contextlib
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher import multirun
+from launcher.__main__ import main
+from launcher.errors import ConfigError
+from tests.support import ROOT, clean_env
+from train.result import RunResult
+
+
+def test_split_parses_hydras_sweep_syntax():
+    fixed, axes = multirun.split(["sweep=smoke", "train.lr=1e-3,1e-4", "train.seed=range(1,3)",
+                                  "model=glob([t*,m*])", "train.betas=[0.9,0.95]"])
+    assert fixed == ["sweep=smoke", "train.betas=[0.9,0.95]"]
+    assert [(a.key, a.values) for a in axes] == [("train.lr", ["0.001", "0.0001"]), ("train.seed", ["1", "2"]),
+                                                 ("model", ["mini", "tiny"])]
+    assert len(multirun.points(axes)) == 8
+    point = {"train.lr": "0.001", "train.seed": "1", "model": "tiny"}
+    assert multirun.suffix(point, axes) == "-lr0.001-seed1-modeltiny"
+    for argv, message in ((["cluster=local,testbed"], "cluster cannot be swept with -m"),
+                          (["results_dir=a,b"], "results_dir cannot be swept"),
+                          (["train.lr=1,2", "train.lr=3,4"], "train.lr is swept twice"),
+                          (["train.lr=[1,"], "")):
+        with pytest.raises(ConfigError, match=message):
+            multirun.split(argv)
+
+
+def test_plan_of_a_multirun_is_one_plan_with_every_point(tmp_path):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["-m", "sweep=smoke", "train.lr=1e-3,1e-4", "action=plan", f"results_dir={tmp_path}"]) == 0
+    plan = json.loads((tmp_path / "local" / "smoke" / "plan.json").read_text())
+    assert [e["run_id"] for e in plan["runs"]] == ["fsdp-F1-R1-S4-lr0.001", "fl_fsdp-F2-R1-S2-A2-lr0.001",
+                                                   "fsdp-F1-R1-S4-lr0.0001", "fl_fsdp-F2-R1-S2-A2-lr0.0001"]
+    assert [e["train"]["lr"] for e in plan["runs"]] == [0.001, 0.001, 0.0001, 0.0001]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["sweep=smoke", "train.lr=1e-3,1e-4", "action=plan", f"results_dir={tmp_path}"]) == 2
+    assert "only in a multirun (python -m launcher -m ...)" in err.getvalue()
+
+
+def test_multirun_runs_each_value_and_tables_it(tmp_path):
+    args = ["-m", "sweep=smoke", "sweep.strategies=[fsdp]", "train.lr=1e-2,1e-3", f"results_dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=ROOT,
+                          env=clean_env(slurm_client=False), timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    sweep_dir = tmp_path / "local" / "smoke"
+    manifest = [json.loads(line) for line in (sweep_dir / "manifest.jsonl").read_text().splitlines()]
+    assert sorted({m["run_id"] for m in manifest}) == ["fsdp-F1-R1-S4-lr0.001", "fsdp-F1-R1-S4-lr0.01"]
+    result = RunResult.load(sweep_dir / "fsdp-F1-R1-S4-lr0.01" / "result.json")
+    assert result.axes == {"train.lr": "0.01"}
+    table = (sweep_dir / "table3.md").read_text()
+    assert "| Strategy | (F,R,S) | A | train.lr |" in table
+    assert "| FSDP | (1,1,4) | – | 0.001 |" in table and "| FSDP | (1,1,4) | – | 0.01 |" in table
+    again = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=ROOT,
+                           env=clean_env(slurm_client=False), timeout=900)
+    assert again.returncode == 0 and again.stdout.count("skipped") == 2
