@@ -1,6 +1,7 @@
 """Sweep-wide progress while the launcher waits: runs done / running / queued, the step each running run has
-logged, the elapsed time, and an estimate of the training time left from the seconds per step measured so far
-(queue waits and start-up are not in it, and the line says so)."""
+logged, the elapsed time, and an estimate of the time left: training from the seconds per step measured so far,
+plus each run still to start its measured overhead (start-up, evaluation, teardown: a finished run's wall time
+less its training time). Queue waits are not in it, and the line says so."""
 from __future__ import annotations
 
 import json
@@ -54,9 +55,19 @@ def time_left(running: list[Running], queued_steps: list[int], sequential: bool)
 
 
 def line(elapsed_s: float, done: int, total: int, running: list[Running], queued_steps: list[int],
-         sequential: bool) -> str:
+         sequential: bool, overhead_s: float | None = None) -> str:
+    """`overhead_s`: the mean seconds a finished run spent outside training (None before one finished)."""
     now = ", ".join(f"{r.run_id} step {r.step}/{r.steps}" if r.step else f"{r.run_id} starting" for r in running)
     left = time_left(running, queued_steps, sequential)
-    eta = "time left: estimating" if left is None else f"~{duration(left)} of training left (queue waits not included)"
+    if left is None:
+        eta = "time left: estimating"
+    elif overhead_s is None:
+        eta = f"~{duration(left)} of training left (start-up not measured yet; queue waits not included)"
+    else:
+        # runs that have not started training yet each pay it (one at a time, they add up)
+        starts = len(queued_steps) + sum(r.step == 0 for r in running)
+        extra = (starts if sequential else min(starts, 1)) * overhead_s
+        eta = (f"~{duration(left + extra)} left: {duration(left)} training, {duration(extra)} start-up and "
+               f"evaluation (queue waits not included)")
     return (f"[{duration(elapsed_s)}] {done}/{total} done, running: {now or 'none'}, queued: {len(queued_steps)}; "
             f"{eta}")

@@ -60,6 +60,8 @@ class Sweeper:
         self.total = 0          # runs of the sweep, for the progress line
         self.queued: list[Run] = []  # runs waiting for their turn (sequential execution)
         self.live: dict[str, wandb_log.LiveRun] = {}  # W&B runs fed while their jobs train
+        self.submitted_at: dict[str, float] = {}  # run -> when this invocation submitted it (monotonic)
+        self.overheads: list[float] = []  # finished runs' wall time outside training: start-up, evaluation, teardown
 
     def launch(self, planned: PlannedRun) -> None:
         run = planned.run
@@ -76,6 +78,7 @@ class Sweeper:
                           cluster=self.cluster.name, rank_order=self.cluster.rank_order, nodes=[], reason=None,
                           scheduler_state=None)
         self.lost.pop(run.run_id, None)
+        self.submitted_at[run.run_id] = time.monotonic()
         self._watch(run, job)
         print(f"submitted {run.run_id} as job {job.job_id} (attempt {attempt})", flush=True)
 
@@ -109,8 +112,9 @@ class Sweeper:
         running = [progress.Running(run_id, *progress.last_step(self.settings.sweep_dir / run_id),
                                     run.spec.train.steps) for run_id, (run, _) in self.running.items()]
         done = sum(self.store.state(r) in FINAL for r in self.store.entries)
+        overhead = sum(self.overheads) / len(self.overheads) if self.overheads else None
         return progress.line(time.monotonic() - self.started, done, self.total, running,
-                             [r.spec.train.steps for r in self.queued], self.sequential)
+                             [r.spec.train.steps for r in self.queued], self.sequential, overhead)
 
     def _settle_live(self, run_id: str, result: RunResult | None) -> None:
         live = self.live.pop(run_id, None)
@@ -134,7 +138,10 @@ class Sweeper:
                 if result_path.exists():
                     self.store.record(run_id, state="COMPLETED")
                     self.failed.pop(run_id, None)
-                    self._settle_live(run_id, RunResult.load(result_path))
+                    result = RunResult.load(result_path)
+                    if run_id in self.submitted_at and not result.resumed_from_step:
+                        self.overheads.append(time.monotonic() - self.submitted_at[run_id] - result.train_time_s)
+                    self._settle_live(run_id, result)
                 else:
                     reason = failure_reason(job, run.spec.world_size)
                     if self._lost(run_id):

@@ -26,7 +26,10 @@ def test_time_left_uses_each_runs_pace_and_the_mean_for_queued_runs():
 def test_progress_line_names_done_running_queued_and_time_left():
     text = line(125.0, 1, 4, [Running("fsdp-F1-R1-S4", 12, 6.0, 40)], [40, 40], sequential=True)
     assert text == ("[2m05s] 1/4 done, running: fsdp-F1-R1-S4 step 12/40, queued: 2; "
-                    "~0m54s of training left (queue waits not included)")  # 0.5 s/step x (28 + 2 x 40)
+                    "~0m54s of training left (start-up not measured yet; queue waits not included)")  # 0.5 x (28 + 80)
+    # a finished run spent 30 s outside training: each of the 2 queued runs will too
+    text = line(125.0, 1, 4, [Running("fsdp-F1-R1-S4", 12, 6.0, 40)], [40, 40], sequential=True, overhead_s=30.0)
+    assert text.endswith("~1m54s left: 0m54s training, 1m00s start-up and evaluation (queue waits not included)")
     assert "time left: estimating" in line(3.0, 0, 1, [Running("x", 0, 0.0, 5)], [], sequential=True)
     assert duration(7322) == "2h02m"
 
