@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -123,7 +124,8 @@ def submit(cluster: Cluster, planned: PlannedRun, spec_path: Path, folder: Path,
         write_atomic(hostfile_path(planned.run), planned.placement.hostfile())
     executor, job = make_executor(cluster, planned, folder), entrypoint(cluster, planned, spec_path, topology_path)
     if cluster.executor == "local":
-        return executor.submit(job)
+        with _stderr_into(folder / "controller.log"):
+            return executor.submit(job)
     for attempt in range(1, SBATCH_TRIES + 1):
         try:
             with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's stderr, then raises it
@@ -141,6 +143,22 @@ SBATCH_TRIES, SBATCH_WAIT_S = 3, 5.0
 # partition, account or QOS, a limit) would fail the same way and is the user's to fix
 SBATCH_TRANSIENT = ("temporarily unavailable", "Socket timed out", "Unable to contact slurm controller",
                     "Slurm temporarily unable")
+
+
+@contextlib.contextmanager
+def _stderr_into(path: Path):
+    """Point this process's stderr (fd 2) at `path` while submitit starts a local controller, which inherits it:
+    the controller's traceback when Ctrl-C or a cancel interrupts it lands in its log, not on the terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(path, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class ReattachedLocalJob(submitit.LocalJob):
