@@ -1,4 +1,5 @@
 """Hostlist expansion must match real SLURM 22.05 output, and compress must round-trip in order."""
+import re
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,28 @@ def test_bad_expressions_name_the_offending_part(expr, part):
 
 
 def test_expanding_100k_nodes():  # its speed is measured by bench.placement, never asserted here
-    hosts = expand("n[00001-100000]")
+    names = [f"n{i:05d}" for i in range(1, 100_001)]
+    assert compress(names) == "n[00001-65536,65537-100000]"  # SLURM's ranges hold at most 65,536 hosts
+    hosts = expand(compress(names))
     assert len(hosts) == 100_000 and hosts[0] == "n00001" and hosts[-1] == "n100000"
+
+
+@pytest.mark.parametrize("expr,message", [
+    # scontrol show hostnames (SLURM 22.05, the testbed): n[0-65535] expands, n[1-65537] is an invalid hostlist
+    ("n[1-65537]", "range '1-65537' in 'n[1-65537]' holds 65,537 hosts; SLURM refuses more than 65,536"),
+    ("n[0-99999999]", "holds 100,000,000 hosts"),  # was 31 s into a MemoryError
+    ("a[1-65536]b[1-65536]", "expands to 4,294,967,296 hosts, more than the 1,048,576 fedshard accepts"),
+    ("a[\u0663-\u0665]", "non-numeric range"),  # Arabic-Indic digits: scontrol says invalid hostlist
+])
+def test_hostlists_slurm_refuses_are_refused_at_once(expr, message):
+    with pytest.raises(ParseError, match=re.escape(message)):
+        expand(expr)
+
+
+def test_only_ascii_digits_are_numbers():
+    assert expand("n[0-65535]")[-1] == "n65535" and len(expand("n[1-60000],m[1-60000]")) == 120_000
+    assert expand("n\u0661") == ["n\u0661"]  # one literal host, as scontrol shows it
+    assert compress(["n\u0661", "n1"]) == "n\u0661,n1"  # not n1: another host
 
 
 @pytest.mark.parametrize("hosts,expr", [

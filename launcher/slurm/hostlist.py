@@ -13,7 +13,10 @@ hostnames` output in tests/fixtures/hostlist_cases.tsv):
 
 Stricter than SLURM where SLURM silently guesses: empty items, empty or descending
 ranges, nested or unbalanced brackets all raise ParseError, because a topology parsed
-from a guess places ranks on the wrong switches.
+from a guess places ranks on the wrong switches. As SLURM, a range holds at most 65,536
+hosts (``n[1-65537]`` is an invalid hostlist to scontrol) and only ASCII digits are
+numbers (``a[٣-٥]`` is invalid, ``n١`` one literal host); a whole expression expands to at
+most MAX_HOSTS hosts, refused before any is made.
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from itertools import product
 
 from launcher.errors import ConfigError
 
-_RANGE = re.compile(r"(\d+)(?:-(\d+))?")
-_NUMERIC_TAIL = re.compile(r"(.*?)(\d+)")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # ASCII digits only: \d would take ٣ (Arabic-Indic three) too
+_NUMERIC_TAIL = re.compile(r"(.*?)([0-9]+)")
+MAX_RANGE = 65536  # hosts in one range: SLURM's hostlist.c refuses more (scontrol: "Invalid hostlist")
+MAX_HOSTS = 1 << 20  # hosts one expression may expand to: far above any cluster, far below a MemoryError
 _GROUP = re.compile(r"\[([^\[\]]*)\]")
 
 
@@ -35,17 +40,31 @@ def expand(expr: str) -> list[str]:
     """Every host of `expr`, in SLURM's order (duplicates kept, as `scontrol show hostnames` does)."""
     if not expr.strip():
         raise ParseError("empty hostlist")
+    items = _split_items(expr)
+    total = sum(_count(item, expr) for item in items)
+    if total > MAX_HOSTS:
+        raise ParseError(f"hostlist {expr[:60]!r}{'...' if len(expr) > 60 else ''} expands to {total:,} hosts, "
+                         f"more than the {MAX_HOSTS:,} fedshard accepts")
     hosts: list[str] = []
-    for item in _split_items(expr):
+    for item in items:
         hosts.extend(_expand_item(item, expr))
     return hosts
+
+
+def _count(item: str, expr: str) -> int:
+    """How many hosts an item expands to, from its ranges alone (each checked against SLURM's MAX_RANGE)."""
+    count = 1
+    for group in _GROUP.findall(item):
+        count *= sum(hi - lo + 1 for lo, hi, _ in _ranges(group, item, expr))
+    return count
 
 
 def compress(hosts: list[str]) -> str:
     """A hostlist that `expand` maps back to `hosts` in the same order.
 
     Consecutive hosts sharing a prefix become one bracket group; ascending runs with the
-    same zero padding become ranges (lrdn[0001-0004,0007]). Order wins over compactness:
+    same zero padding become ranges (lrdn[0001-0004,0007]) of at most MAX_RANGE hosts, so
+    SLURM reads them back. Order wins over compactness:
     hosts are never sorted or merged across a different prefix.
     """
     items: list[tuple[str, list[list[int]]]] = []  # (prefix, [[lo, hi, width], ...]); width -1: no number
@@ -57,7 +76,7 @@ def compress(hosts: list[str]) -> str:
         num, width = (int(digits), len(digits)) if digits else (0, -1)
         if width >= 0 and items and items[-1][0] == prefix and items[-1][1][-1][2] >= 0:
             last = items[-1][1][-1]
-            if num == last[1] + 1 and f"{num:0{last[2]}d}" == digits:
+            if num == last[1] + 1 and f"{num:0{last[2]}d}" == digits and last[1] - last[0] + 1 < MAX_RANGE:
                 last[1] = num
             else:
                 items[-1][1].append([num, num, width])
@@ -120,16 +139,24 @@ def _expand_item(item: str, expr: str) -> list[str]:
     return hosts
 
 
-def _numbers(group: str, item: str, expr: str) -> list[str]:
-    """The zero-padded numbers of one bracket group, e.g. '0001-0003,0200'."""
-    out: list[str] = []
+def _ranges(group: str, item: str, expr: str) -> list[tuple[int, int, int]]:
+    """(lo, hi, width) of each range of one bracket group, e.g. '0001-0003,0200'."""
+    out = []
     for part in group.split(","):
         m = _RANGE.fullmatch(part)
         if not m:
             what = "empty range" if not part else f"non-numeric range {part!r}"
-            raise ParseError(f"{what} in [{group}] of hostlist {expr!r}")
+            raise ParseError(f"{what} in [{group}] of hostlist {expr[:80]!r}")
         lo, hi, width = int(m.group(1)), int(m.group(2) or m.group(1)), len(m.group(1))
         if lo > hi:
-            raise ParseError(f"descending range {part!r} in {item!r} of hostlist {expr!r}")
-        out.extend([f"{n:0{width}d}" for n in range(lo, hi + 1)])
+            raise ParseError(f"descending range {part!r} in {item[:80]!r} of hostlist {expr[:80]!r}")
+        if hi - lo + 1 > MAX_RANGE:
+            raise ParseError(f"range {part!r} in {item[:80]!r} holds {hi - lo + 1:,} hosts; SLURM refuses more than "
+                             f"{MAX_RANGE:,} in one range")
+        out.append((lo, hi, width))
     return out
+
+
+def _numbers(group: str, item: str, expr: str) -> list[str]:
+    """The zero-padded numbers of one bracket group."""
+    return [f"{n:0{width}d}" for lo, hi, width in _ranges(group, item, expr) for n in range(lo, hi + 1)]
