@@ -31,12 +31,12 @@ def test_calibration_is_repeated_and_reports_medians_and_spread():
 
 
 def _scripted(rank, world, script):
-    """calibrate with _time_one replaced by scripted (1-layer, 2-layer) timings, one pair per try; the models
+    """calibrate with _time_pair replaced by scripted (1-layer, 2-layer) timings, one pair per try; the models
     have 100 and 150 parameters (root 50, layer 50)."""
     from train import calibrate as cal
 
     timings = iter(script)
-    cal._time_one = lambda model, layers, *a: (next(timings), 50 + 50 * layers)
+    cal._time_pair = lambda model, *a: ((next(timings), 100), (next(timings), 150))
     try:
         return cal.calibrate(rank, [WORKLOAD], repeats=1, tries=3)
     except cal.CalibrationError as exc:
@@ -55,3 +55,24 @@ def test_a_non_positive_part_is_measured_again_then_refused():
     [error] = run_ranks(_scripted, 1, [*flat, *flat, *flat])
     assert error.startswith("probe: compute of 2x16 tokens (fp32): the forward or backward of the 2-layer model was "
                             "not slower than the 1-layer model's in 3 tries")
+
+
+def _steps_in_turn(rank, world):
+    """The order in which _time_pair steps its two models (by layer count), with _step recording it."""
+    from train import calibrate as cal
+
+    order = []
+
+    def step(model, *a):
+        order.append(model.config.num_hidden_layers)
+        return 0.01, 0.02, 0.005
+    cal._step = step
+    cal._time_pair(TINY, 2, 16, "fp32", "cpu", 4)
+    return order
+
+
+def test_the_two_models_step_in_turn():
+    """A load that passes while one model is timed falls on the other too, so the layer (their difference) keeps
+    its sign: the 1- and 2-layer models alternate step by step after one warm-up step each."""
+    [order] = run_ranks(_steps_in_turn, 1)
+    assert order[:2] == [1, 2] and order[2:] == [1, 2] * ((len(order) - 2) // 2) and len(order) >= 10

@@ -1,7 +1,8 @@
 """Compute calibration for the step-time model: one rank's forward, backward and AdamW step at a run's batch.
 
 Every rank of the probe job measures at once, as training computes (ranks sharing a node's CPUs or memory
-bandwidth slow each other as they do in a step). Models with 1 and 2 decoder layers are timed, so the root
+bandwidth slow each other as they do in a step). Models with 1 and 2 decoder layers are timed, step by step in
+turn (so a passing load falls on both), and the root
 (embeddings, lm_head) and one layer separate and a model of any depth is priced without building it whole
 (Llama-3.1-8B's two-layer slice has 1.5 B parameters, ~24 GB with fp32 AdamW state, against 8 B).
 The calibration is repeated and reported with its spread, so a prediction says how repeatable its compute is;
@@ -49,29 +50,37 @@ def _step(model, optimizer, ids, autocast, device: str) -> tuple[float, float, f
     return forward - start, backward - forward, time.perf_counter() - backward
 
 
-def _time_one(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision: str, device: str,
-              iters: int) -> tuple[list[float], int]:
-    """(median forward, backward and optimizer seconds, parameters) of a `layers`-layer model, over at least
-    `iters` steps and as many as last MIN_TIMED_S (every rank runs the same number: each step starts at a
-    barrier)."""
+def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision: str, device: str):
+    """A `layers`-layer model, its AdamW and a batch of ids."""
     # a copy: LlamaConfig edits nested dicts (rope_scaling) in place, and the workload must stay as the plan sent it
     config = models.llama_config({**copy.deepcopy(llama_kwargs), "num_hidden_layers": layers})
-    torch.manual_seed(0)
     model = models.build(config, device)
     if precision == "paper":
         model = model.to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), device=device)
+    return model, optimizer, ids
+
+
+def _time_pair(llama_kwargs: dict, batch: int, seq_len: int, precision: str, device: str,
+               iters: int) -> tuple[tuple[list[float], int], tuple[list[float], int]]:
+    """((median forward, backward and optimizer seconds, parameters) of the 1-layer model, the same of the 2-layer
+    model), over at least `iters` steps each and as many as last MIN_TIMED_S. The two models step in turn, so a
+    passing load (another process, a neighbour's burst) slows both alike and their difference, the layer, keeps
+    its sign; every rank runs the same number of steps, each started at a barrier."""
+    pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device) for layers in (1, 2)]
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16")
     dist.barrier()
-    warm = sum(_step(model, optimizer, ids, autocast, device))  # allocates AdamW's state, warms kernels: not counted
+    warm = sum(sum(_step(m, o, ids, autocast, device)) for m, o, ids in pair)  # allocates AdamW's state: not counted
     steps = torch.tensor([min(MAX_ITERS, max(iters, math.ceil(MIN_TIMED_S / max(warm, 1e-9))))], device=device)
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)
-    samples = []
+    samples: list[list] = [[], []]
     for _ in range(int(steps.item())):
-        dist.barrier()
-        samples.append(_step(model, optimizer, ids, autocast, device))
-    return [statistics.median(s[k] for s in samples) for k in range(3)], models.count_params(model)
+        for k, (model, optimizer, ids) in enumerate(pair):
+            dist.barrier()
+            samples[k].append(_step(model, optimizer, ids, autocast, device))
+    one, two = ([statistics.median(s[k] for s in runs) for k in range(3)] for runs in samples)
+    return (one, models.count_params(pair[0][0])), (two, models.count_params(pair[1][0]))
 
 
 class CalibrationError(FedshardError):
@@ -98,8 +107,7 @@ def _measure_once(w: dict, device: str, iters: int, tries: int) -> tuple[list[fl
     """One calibration of workload w: the slowest rank's 1- and 2-layer medians, split into root and layer;
     re-measured up to `tries` times while a part comes out zero or negative, then an error (never clamped)."""
     for _ in range(tries):
-        (one, p1), (two, p2) = (_time_one(w["model"], layers, w["batch_per_rank"], w["seq_len"], w["precision"],
-                                          device, iters) for layers in (1, 2))
+        (one, p1), (two, p2) = _time_pair(w["model"], w["batch_per_rank"], w["seq_len"], w["precision"], device, iters)
         slowest = torch.tensor(one + two, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         one, two = slowest[:3].tolist(), slowest[3:].tolist()
