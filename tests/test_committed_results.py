@@ -14,6 +14,8 @@ RESULTS = ROOT / "results"
 # each committed sweep directory (under results/) -> what names it on the command line
 COMMITTED = {
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
+    "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
+                                      "cluster=testbed"],
 }
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
 
@@ -64,3 +66,27 @@ def test_testbed_readme_quotes_testbed_table3_as_its_data_gives_it():
     evals, baselines = [r["eval_ppl"] for r in runs], [r["baseline_ppl"] for r in runs]
     assert all(r["eval_ppl"] > r["baseline_ppl"] for r in runs)
     assert f"({min(evals):.2f}–{max(evals):.2f};" in readme and f"({min(baselines):.2f}–{max(baselines):.2f})" in readme
+
+
+def _signed(x: float) -> str:
+    return f"{x * 100:+.1f} %".replace("-", "−")
+
+
+VALIDATIONS = ["testbed/validation_slurm_mini"]
+
+
+@pytest.mark.parametrize("where", VALIDATIONS)
+def test_testbed_readme_quotes_each_validation_as_its_data_gives_it(where):
+    """Every row of a validation's prediction.csv (itself rebuilt from the runs above) is in the README's table,
+    and the verdict's counts and worst error are the data's."""
+    readme = (RESULTS / "testbed" / "README.md").read_text()
+    rows = list(csv.DictReader((RESULTS / where / "prediction.csv").read_text().splitlines()))
+    assert rows and all(r["basis"] == "registered" and r["n"] == "3" for r in rows)
+    for r in rows:
+        cells = (f"| {float(r['predicted_step_s']):.3f} | {float(r['measured_step_s']):.3f} ± "
+                 f"{float(r['measured_ci_s']):.3f} | {_signed(float(r['error']))} |")
+        assert cells in readme, cells
+    within = sum(abs(float(r["error"])) <= 0.20 for r in rows)
+    worst = max(rows, key=lambda r: abs(float(r["error"])))
+    assert f"{within} of {len(rows)} are within ±20 %" in readme
+    assert f"{_signed(float(worst['error']))}." in readme
