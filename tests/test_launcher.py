@@ -110,6 +110,7 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     assert "Table 3" in proc.stdout and "Table 4" in proc.stdout
     assert "cluster=local: every rank ran on this one machine" in table3  # ratios here do not test the claim
     assert f"outputs in {sweep_dir}/: table3.md, table3.csv, table3.tex, table4.md" in proc.stdout
+    assert "per run: <run_id>/result.json, metrics.jsonl, evals.jsonl, spec.json, prediction.json" in proc.stdout
     result = RunResult.load(sweep_dir / "fl_fsdp-F2-R1-S2-A2" / "result.json")
     assert result.aggregations == 3 and result.world_size == 4
     assert result.baseline_ppl == pytest.approx(result.data["baseline_ppl"]) and result.baseline_ppl > result.floor_ppl
