@@ -16,6 +16,8 @@ COMMITTED = {
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
     "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
                                       "cluster=testbed"],
+    "testbed/validation_slurm_tiny": ["sweep=testbed_validation", "sweep.name=validation_slurm_tiny",
+                                      "cluster=testbed"],
 }
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
 
@@ -72,7 +74,7 @@ def _signed(x: float) -> str:
     return f"{x * 100:+.1f} %".replace("-", "−")
 
 
-VALIDATIONS = ["testbed/validation_slurm_mini"]
+VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_tiny"]
 
 
 @pytest.mark.parametrize("where", VALIDATIONS)
