@@ -18,6 +18,8 @@ COMMITTED = {
                                       "cluster=testbed"],
     "testbed/validation_slurm_tiny": ["sweep=testbed_validation", "sweep.name=validation_slurm_tiny",
                                       "cluster=testbed"],
+    "testbed/validation_topology_mini": ["sweep=testbed_validation", "sweep.name=validation_topology_mini",
+                                         "cluster=testbed"],
 }
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
 
@@ -74,7 +76,8 @@ def _signed(x: float) -> str:
     return f"{x * 100:+.1f} %".replace("-", "−")
 
 
-VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_tiny"]
+VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_tiny",
+               "testbed/validation_topology_mini"]
 
 
 @pytest.mark.parametrize("where", VALIDATIONS)
