@@ -238,7 +238,7 @@ CASES = [
     ("outer-momentum-one", launcher("train.outer_momentum=1"), "train.outer_momentum must be in [0, 1), got 1", None),
     ("aggregation-dtype-unknown", launcher("train.aggregation_dtype=fp8"),
      "train.aggregation_dtype must be one of fp32, bf16, int8, got 'fp8'", None),
-    ("int8-with-averaged-moments", launcher("train.aggregation_dtype=int8", "+train.average_optimizer_state=true"),
+    ("int8-with-averaged-moments", launcher("train.aggregation_dtype=int8", "train.average_optimizer_state=true"),
      "train.aggregation_dtype=int8 compresses pseudo-gradients, which optimizer moments have none of", None),
     ("fragments-not-dividing-A", launcher("train.outer_fragments=3"),
      "train.outer_fragments=3 must divide A=2: one fragment is synced every A/N steps", None),

@@ -201,7 +201,7 @@ def test_a_bug_keeps_its_traceback_and_is_not_reported_as_bad_input(tmp_path, mo
     import launcher.plan
     from launcher.__main__ import main
 
-    def broken(settings):
+    def broken(settings, runs=None):
         raise ValueError("a bug in the planner")
 
     monkeypatch.setattr(launcher.plan, "plan", broken)

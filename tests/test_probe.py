@@ -51,7 +51,7 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
         assert e["flows"] == {"node": 1, "leaf": 2}[e["level"]]
         assert e["link_bytes_per_s"] == e["bus_bytes_per_s"] * e["flows"]
     [compute] = probe["compute"]  # smoke's two runs share one model, batch and precision
-    assert (compute["batch_per_rank"], compute["seq_len"], compute["precision"]) == (2, 32, "fp32")
+    assert (compute["batch_per_rank"], compute["seq_len"], compute["precision"]) == (4, 32, "fp32")  # train=learn
     for part in ("root", "layer"):
         assert set(compute[part]) == {"forward_s", "backward_s", "optimizer_s"}
         assert all(v > 0 for v in compute[part].values())  # measured, not clamped to 0
@@ -59,7 +59,8 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     assert len(compute["repeats"]) == 5 and compute["spread"]["forward_backward"] >= 0  # repeated, spread reported
     assert "forward+backward within ±" in proc.stdout and "over 5 repeats (medians shown)" in proc.stdout
     assert "probe: leaf broadcast on 2 ranks, 8 sizes done" in proc.stdout  # progress, echoed while it ran
-    assert "probe: compute of 4-layer model at 2x32 tokens (fp32) done" in proc.stdout
+    layers = compute["model"]["num_hidden_layers"]
+    assert f"probe: compute of {layers}-layer model at 4x32 tokens (fp32) done" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
     assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
 
