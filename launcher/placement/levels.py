@@ -50,18 +50,15 @@ def traffic(groups: list[list[str]], topo: Topology) -> dict[int, int]:
     order, so it crosses a child's link up to a switch once each way for every two boundaries between members
     inside and outside the child, taken cyclically: SLURM's order (tb1 tb2 tb3 tb4 across two leaves) takes an
     8-rank ring over each trunk twice each way, the topology's order once. Level -1 counts groups that stay
-    inside one node, per node."""
+    inside one node, per node. Linear in members times tree depth, so 100k-node plans stay fast."""
     load: dict[tuple[int, str], int] = {}
+    chains: dict[str, list[str]] = {}
     for hosts in (g for g in groups if len(g) > 1):
-        chains = {h: [h] + topo.ancestors(h) for h in hosts}
-        if len(chains) == 1:
-            crossed = {(-1, hosts[0]): 1}
-        else:
-            shared = set.intersection(*(set(c) for c in chains.values()))
-            children = {(c[i], topo.level[c[i + 1]]) for c in chains.values() for i in range(len(c) - 1)
-                        if c[i] not in shared}
-            crossed = {(lv, child): _ring_crossings([child in chains[h] for h in hosts]) for child, lv in children}
-        for key, flows in crossed.items():
+        if len(set(hosts)) == 1:
+            load[(-1, hosts[0])] = load.get((-1, hosts[0]), 0) + 1
+            continue
+        for child, flows in _ring_crossings(hosts, topo, chains).items():
+            key = (topo.level[topo.parent[child]], child)
             load[key] = load.get(key, 0) + flows
     out: dict[int, int] = {}
     for (lv, _), n in load.items():
@@ -69,6 +66,19 @@ def traffic(groups: list[list[str]], topo: Topology) -> dict[int, int]:
     return out
 
 
-def _ring_crossings(inside: list[bool]) -> int:
-    """How often a ring through the members, in order, crosses one way between inside and outside."""
-    return sum(a != b for a, b in zip(inside, inside[1:] + inside[:1])) // 2
+def _ring_crossings(hosts: list[str], topo: Topology, chains: dict[str, list[str]]) -> dict[str, int]:
+    """{child: times a ring through `hosts`, in order, crosses the child's uplink one way}: each step of the ring
+    from a to b leaves every child on a's side below their lowest common switch and enters every one on b's."""
+    boundaries: dict[str, int] = {}
+    for a, b in zip(hosts, hosts[1:] + hosts[:1]):
+        if a == b:
+            continue
+        ca = chains.setdefault(a, [a, *topo.ancestors(a)])
+        cb = chains.setdefault(b, [b, *topo.ancestors(b)])
+        common = set(ca) & set(cb)
+        for chain in (ca, cb):
+            for child in chain:
+                if child in common:
+                    break
+                boundaries[child] = boundaries.get(child, 0) + 1
+    return {child: n // 2 for child, n in boundaries.items() if n // 2}
