@@ -31,12 +31,12 @@ def test_calibration_is_repeated_and_reports_medians_and_spread():
 
 
 def _scripted(rank, world, script):
-    """calibrate with _time_pair replaced by scripted (1-layer, 2-layer) timings, one pair per try; the models
-    have 100 and 150 parameters (root 50, layer 50)."""
+    """calibrate with _time_pair replaced by scripted (0-layer, 1-layer) timings, one pair per try; the models
+    have 50 and 100 parameters (root 50, layer 50)."""
     from train import calibrate as cal
 
     timings = iter(script)
-    cal._time_pair = lambda model, *a: ((next(timings), 100), (next(timings), 150))
+    cal._time_pair = lambda model, *a: ((next(timings), 50), (next(timings), 100))
     try:
         return cal.calibrate(rank, [WORKLOAD], repeats=1, tries=3)
     except cal.CalibrationError as exc:
@@ -44,17 +44,17 @@ def _scripted(rank, world, script):
 
 
 def test_a_non_positive_part_is_measured_again_then_refused():
-    good = ([3.0, 6.0, 1.0], [4.0, 8.0, 1.5])  # layer 1/2, root 2/4; optimizer 2.5 s / 250 parameters
-    flat = ([3.0, 6.0, 1.0], [3.0, 8.0, 1.5])  # the 2-layer forward no slower: layer forward 0
+    good = ([2.0, 4.0, 0.5], [3.0, 6.0, 1.0])  # root 2/4, layer 1/2; optimizer 1.5 s / 150 parameters
+    flat = ([2.0, 4.0, 0.5], [2.0, 6.0, 1.0])  # the 1-layer forward no slower than the root alone: layer 0
     [[w]] = run_ranks(_scripted, 1, [*flat, *good])
     assert w["layer"] == {"forward_s": 1.0, "backward_s": 2.0, "optimizer_s": pytest.approx(0.5)}
     assert w["root"] == {"forward_s": 2.0, "backward_s": 4.0, "optimizer_s": pytest.approx(0.5)}
-    noisy = ([3.0, 6.0, 1.0], [4.0, 8.0, 0.9])  # optimizer by parameter count: never negative from noise
+    noisy = ([2.0, 4.0, 0.5], [3.0, 6.0, 0.4])  # optimizer by parameter count: never negative from noise
     [[w]] = run_ranks(_scripted, 1, [*noisy])
-    assert w["layer"]["optimizer_s"] == pytest.approx(1.9 / 250 * 50)
+    assert w["layer"]["optimizer_s"] == pytest.approx(0.9 / 150 * 50)
     [error] = run_ranks(_scripted, 1, [*flat, *flat, *flat])
-    assert error.startswith("probe: compute of 2x16 tokens (fp32): the forward or backward of the 2-layer model was "
-                            "not slower than the 1-layer model's in 3 tries")
+    assert error.startswith("probe: compute of 2x16 tokens (fp32): the forward or backward of the 1-layer model was "
+                            "not slower than the 0-layer model's in 3 tries")
 
 
 def _steps_in_turn(rank, world):
@@ -73,6 +73,6 @@ def _steps_in_turn(rank, world):
 
 def test_the_two_models_step_in_turn():
     """A load that passes while one model is timed falls on the other too, so the layer (their difference) keeps
-    its sign: the 1- and 2-layer models alternate step by step after one warm-up step each."""
+    its sign: the 0- and 1-layer models alternate step by step after one warm-up step each."""
     [order] = run_ranks(_steps_in_turn, 1)
-    assert order[:2] == [1, 2] and order[2:] == [1, 2] * ((len(order) - 2) // 2) and len(order) >= 10
+    assert order[:2] == [0, 1] and order[2:] == [0, 1] * ((len(order) - 2) // 2) and len(order) >= 10

@@ -36,7 +36,8 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
 
     from tests.support import clean_env
 
-    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "action=probe", "probe.max_bytes=16777216",
+    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "train.seq_len=128", "action=probe",
+                           "probe.max_bytes=16777216",
                            "probe.iters=3", f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=600,
                           env=clean_env(slurm_client=False))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -51,7 +52,7 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
         assert e["flows"] == {"node": 1, "leaf": 2}[e["level"]]
         assert e["link_bytes_per_s"] == e["bus_bytes_per_s"] * e["flows"]
     [compute] = probe["compute"]  # smoke's two runs share one model, batch and precision
-    assert (compute["batch_per_rank"], compute["seq_len"], compute["precision"]) == (4, 32, "fp32")  # train=learn
+    assert (compute["batch_per_rank"], compute["seq_len"], compute["precision"]) == (4, 128, "fp32")
     for part in ("root", "layer"):
         assert set(compute[part]) == {"forward_s", "backward_s", "optimizer_s"}
         assert all(v > 0 for v in compute[part].values())  # measured, not clamped to 0
@@ -60,12 +61,13 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     assert "forward+backward within ±" in proc.stdout and "over 5 repeats (medians shown)" in proc.stdout
     assert "probe: leaf broadcast on 2 ranks, 8 sizes done" in proc.stdout  # progress, echoed while it ran
     layers = compute["model"]["num_hidden_layers"]
-    assert f"probe: compute of {layers}-layer model at 4x32 tokens (fp32) done" in proc.stdout
+    assert f"probe: compute of {layers}-layer model at 4x128 tokens (fp32) done" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
     assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
 
     # the sweep's next plan reads the probe: measured compute, the probe's alpha/beta, and a step per run
-    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "action=plan", f"results_dir={tmp_path}"],
+    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "train.seq_len=128", "action=plan",
+                           f"results_dir={tmp_path}"],
                           capture_output=True, text=True, timeout=300, env=clean_env(slurm_client=False))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     plan = json.loads((tmp_path / "local" / "smoke" / "plan.json").read_text())
@@ -88,8 +90,8 @@ def test_action_validate_probes_then_runs_with_registered_predictions(tmp_path):
     from tests.support import clean_env
 
     def launcher(*args):
-        return subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", *args,
-                               f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=900,
+        return subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "train.seq_len=128",
+                               *args, f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=900,
                               env=clean_env(slurm_client=False))
 
     proc = launcher("action=validate", "probe.max_bytes=16777216", "probe.iters=3")

@@ -1,10 +1,10 @@
 """Compute calibration for the step-time model: one rank's forward, backward and AdamW step at a run's batch.
 
 Every rank of the probe job measures at once, as training computes (ranks sharing a node's CPUs or memory
-bandwidth slow each other as they do in a step). Models with 1 and 2 decoder layers are timed, step by step in
-turn (so a passing load falls on both), and the root
+bandwidth slow each other as they do in a step). Models with 0 and 1 decoder layers are timed, step by step in
+turn (so a passing load falls on both): the root
 (embeddings, lm_head) and one layer separate and a model of any depth is priced without building it whole
-(Llama-3.1-8B's two-layer slice has 1.5 B parameters, ~24 GB with fp32 AdamW state, against 8 B).
+(Llama-3.1-8B's one-layer slice has 1.3 B parameters, ~20 GB with fp32 AdamW state, against 8 B).
 The calibration is repeated and reported with its spread, so a prediction says how repeatable its compute is;
 a layer or root that comes out zero or negative is re-measured, then refused, never clamped.
 16-bit precisions compute in bf16 over fp32 weights ("paper": bf16 weights too), as train.parallelize does.
@@ -64,11 +64,11 @@ def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision:
 
 def _time_pair(llama_kwargs: dict, batch: int, seq_len: int, precision: str, device: str,
                iters: int) -> tuple[tuple[list[float], int], tuple[list[float], int]]:
-    """((median forward, backward and optimizer seconds, parameters) of the 1-layer model, the same of the 2-layer
-    model), over at least `iters` steps each and as many as last MIN_TIMED_S. The two models step in turn, so a
-    passing load (another process, a neighbour's burst) slows both alike and their difference, the layer, keeps
-    its sign; every rank runs the same number of steps, each started at a barrier."""
-    pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device) for layers in (1, 2)]
+    """((median forward, backward and optimizer seconds, parameters) of the 0-layer model (the root alone), the
+    same of the 1-layer model), over at least `iters` steps each and as many as last MIN_TIMED_S. The two models
+    step in turn, so a passing load (another process, a neighbour's burst) slows both alike and their
+    difference, the layer, keeps its sign; every rank runs the same number of steps, each started at a barrier."""
+    pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device) for layers in (0, 1)]
     autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16")
     dist.barrier()
     warm = sum(sum(_step(m, o, ids, autocast, device)) for m, o, ids in pair)  # allocates AdamW's state: not counted
@@ -84,27 +84,28 @@ def _time_pair(llama_kwargs: dict, batch: int, seq_len: int, precision: str, dev
 
 
 class CalibrationError(FedshardError):
-    """Forward or backward did not grow from the 1-layer to the 2-layer model (or a root came out below zero),
+    """Forward or backward did not grow from the 0-layer to the 1-layer model,
     re-measured and still so: the measurement is below the machine's noise and would price a layer at nothing."""
 
 
 def _split(one: list[float], two: list[float], params: tuple[int, int]) -> tuple[list[float], list[float]] | None:
-    """(root, layer) per phase from the 1- and 2-layer timings; None when a part is not positive. Forward and
+    """(root, layer) per phase from the 0- and 1-layer timings (the root is measured alone, so it is never below
+    zero); None when a part is not positive. Forward and
     backward split by difference. AdamW's step is an elementwise pass over every parameter, and a layer adds too
     little of it to stand out of the noise by difference (on 2 CPU cores the `small` preset's 2-layer step
     measured 11.90 ms against the 1-layer's 12.05 ms): its seconds per parameter, pooled over both models, are
     shared out by parameter count."""
     layer = [b - a for a, b in zip(one[:2], two[:2])]
-    root = [a - lay for a, lay in zip(one[:2], layer)]
+    root = list(one[:2])
     p1, p2 = params
     rate = (one[2] + two[2]) / (p1 + p2)
     layer.append(rate * (p2 - p1))
-    root.append(rate * (2 * p1 - p2))
+    root.append(rate * p1)
     return (root, layer) if min(root + layer) > 0 else None
 
 
 def _measure_once(w: dict, device: str, iters: int, tries: int) -> tuple[list[float], list[float]]:
-    """One calibration of workload w: the slowest rank's 1- and 2-layer medians, split into root and layer;
+    """One calibration of workload w: the slowest rank's 0- and 1-layer medians, split into root and layer;
     re-measured up to `tries` times while a part comes out zero or negative, then an error (never clamped)."""
     for _ in range(tries):
         (one, p1), (two, p2) = _time_pair(w["model"], w["batch_per_rank"], w["seq_len"], w["precision"], device, iters)
@@ -115,9 +116,9 @@ def _measure_once(w: dict, device: str, iters: int, tries: int) -> tuple[list[fl
         if parts is not None:
             return parts
     raise CalibrationError(f"probe: compute of {w['batch_per_rank']}x{w['seq_len']} tokens ({w['precision']}): the "
-                           f"forward or backward of the 2-layer model was not slower than the 1-layer model's in "
+                           f"forward or backward of the 1-layer model was not slower than the 0-layer model's in "
                            f"{tries} tries "
-                           f"(1 layer {[f'{t * 1e3:.2f}' for t in one]} ms, 2 layers "
+                           f"(0 layers {[f'{t * 1e3:.2f}' for t in one]} ms, 1 layer "
                            f"{[f'{t * 1e3:.2f}' for t in two]} ms, forward/backward/optimizer): the work is below "
                            f"this machine's timing noise; raise probe.iters or the run's batch_per_rank or seq_len")
 
