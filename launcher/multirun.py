@@ -73,6 +73,7 @@ def suffix(point: dict[str, str], axes: list[Axis]) -> str:
 def expand_points(fixed: list[str], axes: list[Axis]):
     """(settings of the first point, every run of every point): repeats interleaved across the points too, so
     drift on the machine spreads over all of them."""
+    from launcher.report.results import repeat_index
     from launcher.settings import compose
     from launcher.sweep import expand
 
@@ -81,9 +82,4 @@ def expand_points(fixed: list[str], axes: list[Axis]):
         settings = compose([*fixed, *(f"{key}={value}" for key, value in point.items())])
         first = first or settings
         runs += expand(settings, point, axes)
-    return first, sorted(runs, key=lambda run: _repeat(run.run_id))
-
-
-def _repeat(run_id: str) -> int:
-    match = re.search(r"-rep(\d+)$", run_id)
-    return int(match.group(1)) if match else 1
+    return first, sorted(runs, key=lambda run: repeat_index(run.run_id))

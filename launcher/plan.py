@@ -278,6 +278,6 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     close = close_to_best(ranking)
     if close > 1:
         print(f"  no clear winner: the {close} fastest layouts are within ±{TOLERANCE:.0%} of the fastest, the "
-              f"tolerance the step-time model is validated to (action=validate)")
+              f"step-time model's target tolerance (action=validate measures how it does)")
     print(f"plan written to {path}")
     return planned, entries
