@@ -200,9 +200,8 @@ CASES = [
     # ---- configs: groups, keys, values
     ("unknown-sweep", launcher("sweep=nope"), "Could not find 'sweep/nope' (available sweep: agg_frequency, "
                                               "agg_tradeoff, batch_control_reference, batch_control_small, diloco, "
-                                              "diloco_int8, diloco_reference, diloco_streaming, learn, "
-                                              "paper_table3, paper_table4, "
-                                              "placement_ablation, precision_fp32, precision_paper, smoke",
+                                              "diloco_streaming, learn, paper_table3, paper_table4, "
+                                              "precision_fp32, precision_paper, smoke",
      None),
     ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, nvl72, slurm", None),
     ("unknown-model", launcher("model=nope"), "available model: llama3_8b, mini, small, tiny", None),
