@@ -1,0 +1,34 @@
+"""The studies' headline figures, recomputed from the committed runs (tests/test_studies.py checks that each
+study's README quotes them): seed-paired ratios between any two configurations, also across two sweeps."""
+from __future__ import annotations
+
+import json
+
+from launcher.report.stats import paired_ratio
+from tests.support import ROOT
+
+RESULTS = ROOT / "results"
+
+
+def by_seed(where: str, **match) -> dict[int, dict]:
+    """seed -> result.json of the runs under results/<where> whose result has every `match` value."""
+    runs = {}
+    for spec in sorted((RESULTS / where).glob("*/spec.json")):
+        result = json.loads((spec.parent / "result.json").read_text())
+        if all(result.get(k) == v for k, v in match.items()):
+            seed = json.loads(spec.read_text())["train"]["seed"]
+            assert seed not in runs, f"{where}: two runs of seed {seed} match {match}"
+            runs[seed] = result
+    return runs
+
+
+def ratio(key: str, base: dict[int, dict], other: dict[int, dict]) -> tuple[float, float, float]:
+    """base's `key` / other's, a geometric mean over the seeds both ran (at least 3) with its 95 % interval."""
+    seeds = sorted(base.keys() & other.keys())
+    assert len(seeds) >= 3, f"only seeds {seeds} to pair"
+    return paired_ratio([base[s][key] for s in seeds], [other[s][key] for s in seeds])
+
+
+def cell(r: tuple[float, float, float]) -> str:
+    """How the READMEs write a ratio: 1.234× (1.200–1.270)."""
+    return f"{r[0]:.3f}× ({r[1]:.3f}–{r[2]:.3f})"
