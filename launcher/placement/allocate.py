@@ -55,7 +55,7 @@ def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | No
         hint = f"; to size the sweep to them, set cluster.nodes={len(usable)}" if usable else ""
         raise NoPlacement(f"(F,R,S)=({F},{R},{S}) needs {k * n_units} nodes of {G} GPUs but only {len(usable)} "
                           f"are usable; {_what_fits(F, R, S, G, len(usable))}{hint}")
-    chosen = _pack(topo, set(usable), k, n_units)
+    chosen = _pack(topo, usable, k, n_units)
     if chosen is None:
         raise NoPlacement(f"(F,R,S)=({F},{R},{S}) cannot be placed on the usable nodes")
     nodes = [n for unit in chosen for n in unit]
@@ -110,37 +110,48 @@ def _what_fits(F: int, R: int, S: int, G: int, usable: int) -> str:
     return f"a federation group alone needs {k} nodes"
 
 
-def _pack(topo: Topology, usable: set[str], k: int, n_units: int) -> list[list[str]] | None:
-    """Choose n_units groups of k usable nodes each: best level profile, then lowest subtree."""
-    children: dict[str, list[str]] = {}
-    for child, up in topo.parent.items():
-        if child in topo.level:
-            children.setdefault(up, []).append(child)
-    order: dict[str, list[str]] = {}  # switch -> usable nodes below it, in tree order
+def _pack(topo: Topology, usable: list[str], k: int, n_units: int) -> list[list[str]] | None:
+    """Choose n_units groups of k usable nodes each: best level profile, then lowest subtree. Memoized on the
+    topology: a plan ranks dozens of layouts that share a few (k, n_units) on the same usable nodes."""
+    key = ("pack", tuple(usable), k, n_units)
+    if key not in topo.memo:
+        topo.memo[key] = _search(topo, *_tree_order(topo, key[1]), k, n_units)
+    return topo.memo[key]
 
-    def collect(switch: str) -> list[str]:
-        if switch not in order:
-            if switch in topo.leaves:
-                order[switch] = [n for n in topo.leaves[switch] if n in usable]
-            else:
-                order[switch] = [n for c in children.get(switch, []) for n in collect(c)]
-        return order[switch]
 
+def _tree_order(topo: Topology, usable: tuple[str, ...]) -> tuple[dict, dict]:
+    """(switch -> child switches, switch -> usable nodes below it in tree order), built once per usable set."""
+    key = ("order", usable)
+    if key not in topo.memo:
+        children: dict[str, list[str]] = {}
+        for child, up in topo.parent.items():
+            if child in topo.level:
+                children.setdefault(up, []).append(child)
+        free = set(usable)
+        order = {leaf: [n for n in nodes if n in free] for leaf, nodes in topo.leaves.items()}
+        for switch in sorted(topo.level, key=lambda s: topo.level[s]):  # children before their parents
+            if switch not in order:
+                order[switch] = [n for c in children.get(switch, []) for n in order[c]]
+        topo.memo[key] = children, order
+    return topo.memo[key]
+
+
+def _search(topo: Topology, children: dict, order: dict, k: int, n_units: int) -> list[list[str]] | None:
     best = None
     for region in sorted(topo.level, key=lambda s: topo.level[s]):
-        if len(collect(region)) < k * n_units:
+        if len(order[region]) < k * n_units:
             continue
-        groups = _greedy(topo, region, children, collect, k, n_units)
+        groups = _greedy(topo, region, children, order, k, n_units)
         if groups is None:
             continue
         profile = sorted(level for level, _ in groups)
-        key = (profile, topo.level[region], len(collect(region)))
-        if best is None or key < best[0]:
-            best = (key, [nodes for _, nodes in groups])
+        rank = (profile, topo.level[region], len(order[region]))
+        if best is None or rank < best[0]:
+            best = (rank, [nodes for _, nodes in groups])
     return None if best is None else best[1]
 
 
-def _greedy(topo, region, children, collect, k, n_units):
+def _greedy(topo, region, children, order, k, n_units):
     """Bottom-up: fill groups under the lowest switches of `region` first; nodes are taken in tree order."""
     by_level: dict[int, list[str]] = {}
     stack = [region]
@@ -152,7 +163,7 @@ def _greedy(topo, region, children, collect, k, n_units):
     groups = []
     for level in sorted(by_level):
         for switch in sorted(by_level[level]):
-            free = [n for n in collect(switch) if n not in taken]
+            free = [n for n in order[switch] if n not in taken]
             while len(groups) < n_units and len(free) >= k:
                 unit, free = free[:k], free[k:]
                 taken.update(unit)

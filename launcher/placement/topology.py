@@ -23,6 +23,7 @@ class Topology:
     nodes: dict[str, Node | None] = field(default_factory=dict)  # node -> scontrol record, when known
     bandwidth: list[float] = field(default_factory=list)
     block_size: int | None = None             # topology/block: nodes of the smallest block (None: a tree)
+    memo: dict = field(default_factory=dict, repr=False, compare=False)  # allocate's packings of this tree
 
     @property
     def top_level(self) -> int:
