@@ -19,12 +19,13 @@ from launcher.store import FINAL, Store
 from launcher.sweep import PlannedRun, Run, expand
 from launcher.target import REFERENCE, ReferenceTarget, resolution_note
 from train import submitit_compat
-from train.errors import AlignmentError, DataError, SpecError
+from train.errors import AlignmentError, DataError, NonFiniteError, SpecError
 from train.result import RunResult
 
-# Failures that fail the same way on a second try: the job's spec, data or layout is wrong. Anything else
+# Failures that fail the same way on a second try: the job's spec, data or layout is wrong, or its values went
+# non-finite (a rerun resumes from the same checkpoint with the same data). Anything else
 # (a node failure, pre-emption, a timeout, a rendezvous that did not come up, a killed task) is retried.
-DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentError))
+DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentError, NonFiniteError))
 
 
 def retryable(reason: str) -> bool:

@@ -46,11 +46,13 @@ class TrainState:
         self.train_time_s = 0.0  # training time of the steps done, over every attempt (so a resumed run's
         self.schedule = schedule  # result covers the whole run)
         self.started_at: str | None = None  # the first attempt's start (UTC ISO 8601), kept across resumes
+        self.skipped_steps = 0  # train.on_nonfinite=skip_step: updates dropped, over every attempt
 
     def state_dict(self) -> dict:
         return {"step": self.step, "aggregations": self.aggregations, "train_time_s": self.train_time_s,
                 "tokens": self.tokens, "layout_changes": self.layout_changes, "started_at": self.started_at,
-                "scheduler": self.schedule.state_dict(), "rng": torch.get_rng_state()}
+                "skipped_steps": self.skipped_steps, "scheduler": self.schedule.state_dict(),
+                "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.aggregations = state["step"], state["aggregations"]
@@ -58,6 +60,7 @@ class TrainState:
         self.tokens = state.get("tokens", 0)
         self.layout_changes = list(state.get("layout_changes", []))
         self.started_at = state.get("started_at")
+        self.skipped_steps = state.get("skipped_steps", 0)
         self.schedule.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
 

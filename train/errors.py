@@ -19,3 +19,8 @@ class AlignmentError(FedshardError):
 
 class Stopped(FedshardError):
     """The scheduler asked the run to stop; a checkpoint was saved and the same command resumes it."""
+
+
+class NonFiniteError(FedshardError):
+    """A loss or gradient was NaN or inf (train.nonfinite); the run stopped before averaging or saving it, and a
+    rerun would fail the same way."""

@@ -18,6 +18,7 @@ from . import mesh as meshes
 from . import model as models
 from .errors import SpecError
 from .federated import FedAvg
+from .nonfinite import Guard
 from .outer import DiLoCo
 from .preemption import StopRequest
 from .result import RankRecord, RunResult, target_crossing
@@ -55,6 +56,7 @@ class Trainer:
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
                 self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
                                      c.aggregation_dtype, c.outer_fragments, c.outer_delay, **shared)
+        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, (spec.F, spec.R, spec.S), device)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
@@ -112,13 +114,18 @@ class Trainer:
         loss.backward()
         t_bwd = self.clock.lap()
         self._enter("optimizer", step)
-        self.optimizer.step()
+        if self.guard.after_backward(step, loss):  # skip_step: every rank drops this update
+            self.state.skipped_steps += 1
+        else:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         self.state.step = step + 1
         self.state.tokens += self.world * self.cfg.batch_per_rank * self.cfg.seq_len
         t_opt = self.clock.lap()
         self._enter("aggregation", step)
+        if self.fedavg is not None and self.fedavg.due(step + 1):
+            self.guard.check("this FedAvg")
         aggregated = self.fedavg is not None and self.fedavg.after_step(step + 1)
         if aggregated:
             self.state.aggregations += 1
@@ -183,6 +190,7 @@ class Trainer:
                 self._enter("checkpoint", i)
                 self.state.train_time_s = time.perf_counter() - self.log.start
                 with self._timed_apart("checkpoint"):
+                    self.guard.check("this checkpoint")
                     if self.fedavg is not None:
                         self.fedavg.flush()  # only after the last step: others wait for one with nothing in flight
                     self.checkpointer.save(self.model, self.optimizer, self.state, self.fedavg)
@@ -192,6 +200,7 @@ class Trainer:
                     self.watchdog.close()  # waiting for the requeue is not a hang
                 stop.hand_over(done)
         if self.fedavg is not None and self.cfg.final_average and not self.fedavg.in_sync_after(self.cfg.steps):
+            self.guard.check("the final FedAvg")
             self.fedavg.average()  # evaluate the federation's model, not one group's
             self.state.aggregations += 1
         if self.device == "cuda":
@@ -205,6 +214,7 @@ class Trainer:
         In a federated run every evaluation follows a FedAvg (eval_every is a multiple of A, and the final
         average precedes the last), so all groups hold the model being measured."""
         self._enter("eval", steps_done - 1)
+        self.guard.check("this evaluation")
         eval_set = self.source.eval_set(self.cfg.seq_len)
         n = eval_set.shape[0]
         mine = eval_set[[(self.rank + j * self.world) % n for j in range(math.ceil(n / self.world))]]
@@ -271,7 +281,7 @@ class Trainer:
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
-            **exchange)
+            skipped_steps=self.state.skipped_steps, **exchange)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:

@@ -149,6 +149,8 @@ class RunResult:
                                       default=None)
     axes: dict = _doc("the keys a Hydra multirun swept (python -m launcher -m ...) and this run's values, as typed",
                       default_factory=dict)
+    skipped_steps: int = _doc("steps whose update every rank dropped for a non-finite loss or gradient "
+                              "(train.on_nonfinite=skip_step), over every attempt", default=0)
     started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "
                                   "only if it was registered before", default=None)
 

@@ -26,6 +26,7 @@ TIMINGS = ("phases", "end_to_end")
 INITS = ("auto", "full", "meta")
 OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train.federated, train.outer)
 WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.compress); fp32: as the parameters are
+ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.nonfinite)
 
 
 @dataclass
@@ -58,6 +59,7 @@ class TrainConfig:
     aggregation_dtype: str = "fp32"  # what crosses the federation links: fp32 (uncompressed), bf16 or int8
     outer_fragments: int = 1  # streaming: fragments synced in rotation, one every A / N steps (train.outer)
     outer_delay: int = 0  # streaming: inner steps a fragment's exchange overlaps before it is merged
+    on_nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (before it is averaged or saved) | skip_step
     init: str = "auto"
     timeout_s: float = 600.0
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
@@ -88,7 +90,7 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise SpecError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
         for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS), ("outer", OUTERS),
-                             ("aggregation_dtype", WIRE_DTYPES)):
+                             ("aggregation_dtype", WIRE_DTYPES), ("on_nonfinite", ON_NONFINITE)):
             if getattr(self, key) not in allowed:
                 raise SpecError(f"train.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:

@@ -1,0 +1,67 @@
+"""Non-finite values stop a run before they spread (train.on_nonfinite).
+
+A NaN or inf in one rank's loss or gradient poisons its group's parameters at the next optimizer step; the next
+FedAvg would hand them to every group (an int8 exchange turns one inf into a block of NaN) and a checkpoint would
+keep them. Each rank notes, on its device and without synchronising, the first step and tensor that went
+non-finite; the ranks compare notes where values leave a group or the run: before an outer step, a checkpoint,
+an evaluation and the final average. `stop` raises the same one-line NonFiniteError on every rank there;
+`skip_step` agrees after every backward instead, and every rank drops that step's update.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .errors import NonFiniteError
+from .spec import coords
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class Guard:
+    """One rank's watch over its loss and gradient shards."""
+
+    def __init__(self, model: torch.nn.Module, mode: str, rank: int, layout: tuple[int, int, int], device: str):
+        self.names, self.params = zip(*model.named_parameters())
+        self.mode, self.rank, self.layout, self.device = mode, rank, layout, device
+        self.first = torch.full((2,), -1, dtype=torch.int64, device=device)  # (step, 0: loss | i + 1: param i)
+        self.skipped = 0  # skip_step: steps whose update every rank dropped
+
+    def _flags(self, loss: torch.Tensor) -> torch.Tensor:
+        """Non-finite?, for the loss and then each parameter's local gradient shard."""
+        none = torch.zeros((), dtype=torch.bool, device=self.device)
+        return torch.stack([~torch.isfinite(loss.detach()).all()]
+                           + [none if p.grad is None else ~torch.isfinite(_local(p.grad)).all() for p in self.params])
+
+    def after_backward(self, step: int, loss: torch.Tensor) -> bool:
+        """Note step `step`'s loss and gradients (0-based step); True when this step's update is to be dropped
+        (skip_step, agreed by every rank)."""
+        flags = self._flags(loss)
+        if self.mode == "skip_step":
+            bad = flags.any().to(torch.int64)
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+            if bad.item():
+                self.skipped += 1
+                return True
+            return False
+        new = flags.any() & (self.first[0] < 0)  # only the first one counts: the rest follow from it
+        where = torch.stack([torch.tensor(step, device=self.device), flags.to(torch.int64).argmax()])
+        self.first = torch.where(new, where, self.first)
+        return False
+
+    def check(self, before: str) -> None:
+        """Collective: raise NonFiniteError on every rank if any rank has noted a non-finite value."""
+        notes = [torch.empty_like(self.first) for _ in range(dist.get_world_size())]
+        dist.all_gather(notes, self.first)
+        hits = [(int(step), rank, int(which)) for rank, (step, which) in enumerate(n.tolist() for n in notes)
+                if step >= 0]
+        if not hits:
+            return
+        step, rank, which = min(hits)
+        tensor = "the loss" if which == 0 else f"the gradient of {self.names[which - 1]}"
+        group = coords(rank, *self.layout)[0]
+        raise NonFiniteError(f"{tensor} was not finite at step {step + 1} on rank {rank} (federation group {group}); "
+                             f"the run stopped before {before}, so nothing non-finite was averaged or saved "
+                             f"(train.on_nonfinite=skip_step drops such steps instead)")
