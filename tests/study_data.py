@@ -29,6 +29,12 @@ def ratio(key: str, base: dict[int, dict], other: dict[int, dict]) -> tuple[floa
     return paired_ratio([base[s][key] for s in seeds], [other[s][key] for s in seeds])
 
 
-def cell(r: tuple[float, float, float]) -> str:
+def cell(r: tuple[float, float, float], digits: int = 3) -> str:
     """How the READMEs write a ratio: 1.234× (1.200–1.270)."""
-    return f"{r[0]:.3f}× ({r[1]:.3f}–{r[2]:.3f})"
+    return f"{r[0]:.{digits}f}× ({r[1]:.{digits}f}–{r[2]:.{digits}f})"
+
+
+def largest_gap(base: dict[int, dict], other: dict[int, dict]) -> float:
+    """The largest relative difference of eval perplexity between paired runs over all their evaluations."""
+    return max(abs(o[2] / b[2] - 1) for s in base.keys() & other.keys()
+               for b, o in zip(base[s]["eval_history"], other[s]["eval_history"], strict=True))

@@ -13,6 +13,8 @@ from tests.support import ROOT, clean_env
 RESULTS = ROOT / "results"
 # each committed sweep directory (under results/) -> what names it on the command line
 COMMITTED = {
+    "local/precision_fp32": ["sweep=precision_fp32"],
+    "local/precision_paper": ["sweep=precision_paper"],
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
     "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
                                       "cluster=testbed"],

@@ -2,7 +2,7 @@
 data does not give fails here."""
 import pytest
 
-from tests.study_data import RESULTS, by_seed, cell, ratio
+from tests.study_data import RESULTS, by_seed, cell, largest_gap, ratio
 
 
 def _readme(study: str) -> str:
@@ -33,3 +33,24 @@ def test_placement_ablation_quotes_fl_hsdp_against_fl_fsdp(where):
         assert cell(hsdp_over_fsdp) in readme
         if where == SLURM_ORDER:
             assert hsdp_over_fsdp[1] > 1  # "slower than FL+FSDP at every A, the interval excluding 1"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "paper"])
+def test_precision_quotes_the_registered_comparison(precision):
+    """HSDP / FSDP eval perplexity, seed-paired, and the largest gap over the evaluations; the verdict is the
+    registered rule's: the interval inside [0.99, 1.01] is "the same"."""
+    where = f"local/precision_{precision}"
+    fsdp, hsdp = by_seed(where, strategy="fsdp"), by_seed(where, strategy="hsdp")
+    assert len(fsdp) == len(hsdp) == 3 and all(r["eval_ppl"] < r["baseline_ppl"] for r in fsdp.values())
+    same = ratio("eval_ppl", hsdp, fsdp)
+    row = f"| {precision}{' (bf16)' if precision == 'paper' else ''} | {cell(same, 5)} | {largest_gap(fsdp, hsdp):.1e} |"
+    assert row in _readme("precision")
+    assert 0.99 <= same[1] and same[2] <= 1.01
+
+
+def test_precision_quotes_what_bf16_costs_each_strategy():
+    readme = _readme("precision")
+    for strategy in ("fsdp", "hsdp"):
+        bf16 = ratio("eval_ppl", by_seed("local/precision_paper", strategy=strategy),
+                     by_seed("local/precision_fp32", strategy=strategy))
+        assert f"{strategy.upper()} {cell(bf16)}" in readme
