@@ -15,6 +15,7 @@ RESULTS = ROOT / "results"
 COMMITTED = {
     "local/precision_fp32": ["sweep=precision_fp32"],
     "local/precision_paper": ["sweep=precision_paper"],
+    "testbed/agg_tradeoff": ["sweep=agg_tradeoff", "cluster=testbed"],
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
     "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
                                       "cluster=testbed"],
