@@ -16,6 +16,7 @@ COMMITTED = {
     "local/precision_fp32": ["sweep=precision_fp32"],
     "local/precision_paper": ["sweep=precision_paper"],
     "testbed/agg_tradeoff": ["sweep=agg_tradeoff", "cluster=testbed"],
+    "testbed/diloco": ["-m", "sweep=diloco", "cluster=testbed", "train.aggregation_dtype=fp32,int8"],
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
     "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
                                       "cluster=testbed"],

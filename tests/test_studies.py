@@ -113,3 +113,40 @@ def test_agg_tradeoff_quotes_time_to_target_by_its_rule():
 
 def _table3(where: str) -> list[dict]:
     return list(csv.DictReader((RESULTS / where / "table3.csv").read_text().splitlines()))
+
+
+def _diloco(dtype: str) -> dict[int, dict]:
+    return by_seed("testbed/diloco", axes={"train.aggregation_dtype": dtype})
+
+
+def _band_verdict(r: tuple[float, float, float], above: str, below: str, inside: str) -> str:
+    """The registered rule: `above` when the interval lies above 1.01, `below` under 0.99, `inside` within."""
+    if r[1] > BAND[1]:
+        return above
+    if r[2] < BAND[0]:
+        return below
+    return inside if BAND[0] <= r[1] and r[2] <= BAND[1] else "undecided"
+
+
+def test_diloco_quotes_its_three_rules():
+    readme = _readme("diloco")
+    fp32, int8 = _diloco("fp32"), _diloco("int8")
+    rules = [
+        ("1. FedAvg / DiLoCo, both A = 16", ratio("eval_ppl", _agg("fl_fsdp", 16), fp32),
+         ("DiLoCo better", "DiLoCo worse", "the same")),
+        ("2. int8 / fp32 pseudo-gradients", ratio("eval_ppl", int8, fp32), ("a cost", "undecided", "no cost")),
+        ("3. DiLoCo / FSDP", ratio("eval_ppl", fp32, _agg("fsdp")), ("DiLoCo worse", "DiLoCo better", "the same")),
+    ]
+    for name, r, words in rules:
+        assert f"| {name} | {cell(r, 4)} | {_band_verdict(r, *words)} |" in readme
+    sent = {int8[s]["aggregation_bytes"] / fp32[s]["aggregation_bytes"] for s in fp32}
+    assert len(sent) == 1 and f"{sent.pop():.3f}× the bytes" in readme
+    assert all(r["time_to_target_s"] is None for r in (*fp32.values(), *int8.values()))  # "No DiLoCo run reached"
+
+
+def test_diloco_quotes_the_mean_curves():
+    readme = " ".join(_readme("diloco").split())
+    for name, runs in (("FSDP", _agg("fsdp")), ("FedAvg A = 16", _agg("fl_fsdp", 16)), ("DiLoCo fp32", _diloco("fp32"))):
+        at = [sum(dict((e[0], e[2]) for e in r["eval_history"])[step] for r in runs.values()) / len(runs)
+              for step in (64, 128, 192, 256)]
+        assert f"{name} {', '.join(f'{x:.2f}' for x in at)}" in readme
