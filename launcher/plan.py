@@ -150,7 +150,7 @@ def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTim
     """The step time of `run`'s model and batch in `layout` = (strategy, F, R, S, A) placed as `placement`."""
     t = run.spec.train
     return predictor.step(*layout, run.spec.model.llama_kwargs, comm_model(run), t.batch_per_rank, t.seq_len,
-                          t.precision, placement)
+                          t.precision, t.timing, placement)
 
 
 def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology, usable: list[str],

@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement
 from launcher.placement.costmodel import LLAMA_KEYS, Model
-from launcher.placement.steptime import Compute, Network, Shapes, StepTime, load, step_time
+from launcher.placement.steptime import Compute, Network, Shapes, StepTime, load, step_time, sync_seconds
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
 
@@ -62,7 +62,10 @@ class Predictor:
         return None
 
     def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
-             batch: int, seq_len: int, precision: str, placement: Placement) -> StepTime:
+             batch: int, seq_len: int, precision: str, timing: str, placement: Placement) -> StepTime:
+        """A probe written before barriers were timed prices them at nothing."""
+        barrier_s = (self.probe or {}).get("barrier_s", 0.0)
         return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, load(placement, F, R, S, self.topo),
                          self.network, self.compute(llama_kwargs, batch, seq_len, precision),
-                         overlap=self.cluster.device == "cuda")
+                         overlap=self.cluster.device == "cuda",
+                         sync_s=sync_seconds(barrier_s, timing == "phases", F, A))

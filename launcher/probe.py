@@ -73,7 +73,8 @@ def summarise(raw: dict, topo: dict) -> dict:
                        "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"]),
                        "flows": flows[row["level"]]})
         levels[-1]["link_bytes_per_s"] = levels[-1]["bus_bytes_per_s"] * levels[-1]["flows"]
-    return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "compute": raw["compute"]}
+    return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "barrier_s": raw["barrier_s"],
+            "compute": raw["compute"]}
 
 
 def table(probe: dict) -> str:
@@ -83,6 +84,8 @@ def table(probe: dict) -> str:
         lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
                      f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5} "
                      f"{e['link_bytes_per_s'] / GB:>12.4g}")
+    lines.append(f"barrier over all {len(probe['hosts'])} ranks: {probe['barrier_s'] * 1e6:.1f} us (a run pays one "
+                 f"per phase boundary with train.timing=phases, and one per FedAvg for its non-finite check)")
     for w in probe["compute"]:
         per = {k: w["root"][k] + w["model"]["num_hidden_layers"] * w["layer"][k] for k in w["root"]}
         lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "
@@ -130,7 +133,7 @@ class ProbeJob:
 
         from train import launch_env
         from train.calibrate import calibrate
-        from train.probe import measure
+        from train.probe import barrier_seconds, measure
 
         env = launch_env.detect()
         device = launch_env.pick_device(self.device)
@@ -143,11 +146,12 @@ class ProbeJob:
         levels = level_groups(hosts, self.topology["parent"], self.topology["level"])
         say = lambda text: print(text, flush=True)  # noqa: E731
         rows = measure(env.rank, levels, self.sizes, COLLECTIVES, device, iters=self.iters, progress=say)
+        barrier_s = barrier_seconds(device)
         compute = calibrate(env.rank, self.workloads, device, iters=self.iters, progress=say)
         launch_env.shutdown(env, out_dir)
         if env.rank == 0:
             write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
-                                                          "compute": compute}) + "\n")
+                                                          "barrier_s": barrier_s, "compute": compute}) + "\n")
 
 
 def probe(settings: Settings, runs: list | None = None) -> Path:

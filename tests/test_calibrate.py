@@ -58,21 +58,27 @@ def test_a_non_positive_part_is_measured_again_then_refused():
 
 
 def _steps_in_turn(rank, world):
-    """The order in which _time_pair steps its two models (by layer count), with _step recording it."""
+    """The order in which _time_pair steps its two models (by layer count), with _step recording it, and whether
+    each model is sharded as training shards it (root and every layer an FSDP2 module)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
     from train import calibrate as cal
 
-    order = []
+    order, sharded = [], []
 
     def step(model, *a):
         order.append(model.config.num_hidden_layers)
+        sharded.append(isinstance(model, FSDPModule) and all(isinstance(m, FSDPModule) for m in model.model.layers))
         return 0.01, 0.02, 0.005
     cal._step = step
-    cal._time_pair(TINY, 2, 16, "fp32", "cpu", 4)
-    return order
+    cal._time_pair(TINY, 2, 16, "fp32", "cpu", 4, init_device_mesh("cpu", (1, 1), mesh_dim_names=("a", "b"))["b"])
+    return order, all(sharded)
 
 
 def test_the_two_models_step_in_turn():
     """A load that passes while one model is timed falls on the other too, so the layer (their difference) keeps
     its sign: the 0- and 1-layer models alternate step by step after one warm-up step each."""
-    [order] = run_ranks(_steps_in_turn, 1)
+    [(order, sharded)] = run_ranks(_steps_in_turn, 1)
+    assert sharded  # FSDP2's hooks and the DTensor optimizer are in the calibrated times
     assert order[:2] == [0, 1] and order[2:] == [0, 1] * ((len(order) - 2) // 2) and len(order) >= 10

@@ -6,7 +6,7 @@ from launcher.placement import topology
 from launcher.placement.allocate import assess, place
 from launcher.placement.costmodel import Model, llama_params
 from launcher.placement.levels import traffic
-from launcher.placement.steptime import Compute, Network, Shapes, load, step_time
+from launcher.placement.steptime import PHASE_BARRIERS, Compute, Network, Shapes, load, step_time, sync_seconds
 from train.presets import PRESETS
 from train.spec import FEDAVG_CHUNK_BYTES
 
@@ -40,7 +40,7 @@ def test_fl_hsdp_step_by_hand():
     shard = (560 + 480) * 0.5 / 1e3
     replicate = 480 / 2 * (2 * 1 / 2) / 1e2  # all_reduce of each unit's half, R = 2
     federation = (480 / 2 * 1 / 1e1 + 480 / 2 / 1e2) / 4  # FedAvg all_reduce across the spine, broadcast to R
-    assert t.comm_s == pytest.approx({"shard": shard, "replicate": replicate, "federation": federation})
+    assert t.comm_s == pytest.approx({"shard": shard, "replicate": replicate, "federation": federation, "sync": 0})
     assert t.no_overlap_s == pytest.approx(3 + 4 / 2 + shard + replicate + federation)
 
 
@@ -157,3 +157,16 @@ def test_latency_per_ring_step_grows_with_the_communicator():
     network = Network(link, "per-step latency")
     assert network.seconds("all_reduce", 1, 8, {0: 1}) == pytest.approx(2 * 7 * 1e-5)
     assert network.seconds("all_gather", 1, 512, {0: 1}) == pytest.approx(511 * 1e-5)
+
+
+def test_world_barriers_are_priced_per_step_and_never_hidden():
+    """Phase timing's barriers every step, and a federated run's non-finite check once per FedAvg, each at the
+    probe's barrier; overlap (GPU) hides shard traffic behind compute but not them."""
+    assert sync_seconds(0.01, True, 1, None) == pytest.approx(PHASE_BARRIERS * 0.01)
+    assert sync_seconds(0.01, False, 1, None) == 0
+    assert sync_seconds(0.01, True, 4, 8) == pytest.approx((PHASE_BARRIERS + 1 / 8) * 0.01)
+    loads = {"shard": LEAF, "replicate": {}, "federation": {}}
+    for overlap in (False, True):
+        plain = _step("fsdp", 1, 1, 4, None, loads, overlap=overlap)
+        synced = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, COMPUTE, overlap, sync_s=0.5)
+        assert synced.step_s - plain.step_s == pytest.approx(0.5) and synced.comm_s["sync"] == 0.5

@@ -146,7 +146,8 @@ def test_diloco_quotes_its_three_rules():
 
 def test_diloco_quotes_the_mean_curves():
     readme = " ".join(_readme("diloco").split())
-    for name, runs in (("FSDP", _agg("fsdp")), ("FedAvg A = 16", _agg("fl_fsdp", 16)), ("DiLoCo fp32", _diloco("fp32"))):
+    curves = (("FSDP", _agg("fsdp")), ("FedAvg A = 16", _agg("fl_fsdp", 16)), ("DiLoCo fp32", _diloco("fp32")))
+    for name, runs in curves:
         at = [sum(dict((e[0], e[2]) for e in r["eval_history"])[step] for r in runs.values()) / len(runs)
               for step in (64, 128, 192, 256)]
         assert f"{name} {', '.join(f'{x:.2f}' for x in at)}" in readme

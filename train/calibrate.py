@@ -7,7 +7,10 @@ turn (so a passing load falls on both): the root
 (Llama-3.1-8B's one-layer slice has 1.3 B parameters, ~20 GB with fp32 AdamW state, against 8 B).
 The calibration is repeated and reported with its spread, so a prediction says how repeatable its compute is;
 a layer or root that comes out zero or negative is re-measured, then refused, never clamped.
-16-bit precisions compute in bf16 over fp32 weights ("paper": bf16 weights too), as train.parallelize does.
+Both models are wrapped by fully_shard exactly as training wraps them (train.parallelize: each layer, then the
+root, with the run's mixed precision), on a shard group of one rank: the timings then carry FSDP2's per-unit
+hooks and copies and the optimizer's DTensor dispatch, which on a small model cost more than its arithmetic,
+while the collectives themselves, priced per level by the probe, stay out.
 """
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 
 from . import model as models
+from . import parallelize
 from .errors import FedshardError
 
 PHASES = ("forward_s", "backward_s", "optimizer_s")
@@ -34,11 +39,10 @@ MIN_TIMED_S = 0.2  # each timing runs enough steps to last this long: a tiny mod
 MAX_ITERS = 500   # otherwise below a shared machine's noise (and a layer could come out cheaper than nothing)
 
 
-def _step(model, optimizer, ids, autocast, device: str) -> tuple[float, float, float]:
+def _step(model, optimizer, ids, device: str) -> tuple[float, float, float]:
     """Forward, backward and optimizer seconds of one training step."""
     start = time.perf_counter()
-    with autocast:
-        loss = model(input_ids=ids, labels=ids).loss
+    loss = model(input_ids=ids, labels=ids).loss
     _sync(device)
     forward = time.perf_counter()
     loss.backward()
@@ -50,35 +54,32 @@ def _step(model, optimizer, ids, autocast, device: str) -> tuple[float, float, f
     return forward - start, backward - forward, time.perf_counter() - backward
 
 
-def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision: str, device: str):
-    """A `layers`-layer model, its AdamW and a batch of ids."""
+def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision: str, device: str, alone):
+    """A `layers`-layer model sharded over the one-rank mesh `alone`, its AdamW and a batch of ids."""
     # a copy: LlamaConfig edits nested dicts (rope_scaling) in place, and the workload must stay as the plan sent it
     config = models.llama_config({**copy.deepcopy(llama_kwargs), "num_hidden_layers": layers})
-    model = models.build(config, device)
-    if precision == "paper":
-        model = model.to(torch.bfloat16)
+    model = parallelize.shard(models.build(config, device), alone, precision)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), device=device)
     return model, optimizer, ids
 
 
 def _time_pair(llama_kwargs: dict, batch: int, seq_len: int, precision: str, device: str,
-               iters: int) -> tuple[tuple[list[float], int], tuple[list[float], int]]:
+               iters: int, alone) -> tuple[tuple[list[float], int], tuple[list[float], int]]:
     """((median forward, backward and optimizer seconds, parameters) of the 0-layer model (the root alone), the
     same of the 1-layer model), over at least `iters` steps each and as many as last MIN_TIMED_S. The two models
     step in turn, so a passing load (another process, a neighbour's burst) slows both alike and their
     difference, the layer, keeps its sign; every rank runs the same number of steps, each started at a barrier."""
-    pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device) for layers in (0, 1)]
-    autocast = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=precision == "bf16")
+    pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device, alone) for layers in (0, 1)]
     dist.barrier()
-    warm = sum(sum(_step(m, o, ids, autocast, device)) for m, o, ids in pair)  # allocates AdamW's state: not counted
+    warm = sum(sum(_step(m, o, ids, device)) for m, o, ids in pair)  # allocates AdamW's state: not counted
     steps = torch.tensor([min(MAX_ITERS, max(iters, math.ceil(MIN_TIMED_S / max(warm, 1e-9))))], device=device)
     dist.all_reduce(steps, op=dist.ReduceOp.MAX)
     samples: list[list] = [[], []]
     for _ in range(int(steps.item())):
         for k, (model, optimizer, ids) in enumerate(pair):
             dist.barrier()
-            samples[k].append(_step(model, optimizer, ids, autocast, device))
+            samples[k].append(_step(model, optimizer, ids, device))
     one, two = ([statistics.median(s[k] for s in runs) for k in range(3)] for runs in samples)
     return (one, models.count_params(pair[0][0])), (two, models.count_params(pair[1][0]))
 
@@ -104,11 +105,12 @@ def _split(one: list[float], two: list[float], params: tuple[int, int]) -> tuple
     return (root, layer) if min(root + layer) > 0 else None
 
 
-def _measure_once(w: dict, device: str, iters: int, tries: int) -> tuple[list[float], list[float]]:
+def _measure_once(w: dict, device: str, iters: int, tries: int, alone) -> tuple[list[float], list[float]]:
     """One calibration of workload w: the slowest rank's 0- and 1-layer medians, split into root and layer;
     re-measured up to `tries` times while a part comes out zero or negative, then an error (never clamped)."""
     for _ in range(tries):
-        (one, p1), (two, p2) = _time_pair(w["model"], w["batch_per_rank"], w["seq_len"], w["precision"], device, iters)
+        (one, p1), (two, p2) = _time_pair(w["model"], w["batch_per_rank"], w["seq_len"], w["precision"], device, iters,
+                                        alone)
         slowest = torch.tensor(one + two, dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         one, two = slowest[:3].tolist(), slowest[3:].tolist()
@@ -136,8 +138,10 @@ def calibrate(rank: int, workloads: list[dict], device: str = "cpu", iters: int 
     one, and `spread` gives, per phase of the whole model at the workload's depth, half the range over the
     median. Every rank must call it with the same arguments."""
     out = []
+    # every rank its own shard group: (world, 1) from init_device_mesh, never a hand-built rank array
+    alone = init_device_mesh(device, (dist.get_world_size(), 1), mesh_dim_names=("calibrating", "alone"))["alone"]
     for w in workloads:
-        done = [_measure_once(w, device, iters, tries) for _ in range(repeats)]
+        done = [_measure_once(w, device, iters, tries, alone) for _ in range(repeats)]
         L = w["model"]["num_hidden_layers"]
         whole = [[root[k] + L * layer[k] for k in range(3)] for root, layer in done]
         out.append({**w, "root": dict(zip(PHASES, (statistics.median(d[0][k] for d in done) for k in range(3)))),

@@ -71,3 +71,17 @@ def measure(rank: int, levels: dict[str, list[list[int]]], sizes: list[int], col
                 progress(f"probe: {level} {collective} on {n} ranks, {len(sizes)} sizes done")
     return out
 
+
+
+def barrier_seconds(device: str = "cpu", iters: int = 20) -> float:
+    """The slowest rank's median seconds of a barrier over the whole world, after a warm-up: what each of a run's
+    phase boundaries (train.timing=phases) and each non-finite check before a FedAvg costs it."""
+    times = []
+    for i in range(iters + 1):
+        start = time.perf_counter()
+        dist.barrier()
+        if i:
+            times.append(time.perf_counter() - start)
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.item()

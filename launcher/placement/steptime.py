@@ -11,6 +11,8 @@ What one step sends (train.parallelize: fully_shard on each decoder layer, then 
   broadcast over its replicate group.
 A collective of `size` bytes on n ranks takes alpha + size x busfactor(n) x flows / link at the busiest level
 it crosses, where flows is how many of the layout's concurrent groups share that level's busiest link.
+- synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one at each phase
+  boundary with train.timing=phases (PHASE_BARRIERS), one per FedAvg for the non-finite check (train.nonfinite).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from train.presets import flops_per_token
 from train.spec import FEDAVG_CHUNK_BYTES
 
 ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
+PHASE_BARRIERS = 5  # train.metrics.PhaseClock: a barrier as each step starts and after each of its four phases
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,8 @@ class Compute:
 @dataclass(frozen=True)
 class StepTime:
     compute_s: float | None  # None: neither measured nor estimable (no probe, no peak_flops)
-    comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A)
+    comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A),
+                             # and sync: world-wide barriers
     no_overlap_s: float      # compute + all communication
     full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
     step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
@@ -139,10 +143,17 @@ def load(placement: Placement, F: int, R: int, S: int, topo: Topology) -> dict[s
             for kind, groups in communicators(F, R, S).items()}
 
 
+def sync_seconds(barrier_s: float, phases: bool, F: int, A: int | None) -> float:
+    """World-wide synchronisation per step: the phase barriers, and a federated run's non-finite check before
+    each FedAvg, amortised over A."""
+    return barrier_s * ((PHASE_BARRIERS if phases else 0) + (1 / A if F > 1 else 0))
+
+
 def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shapes, model: Model,
               loads: dict[str, dict[int, int]], network: Network, compute: Compute | None,
-              overlap: bool) -> StepTime:
-    """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel)."""
+              overlap: bool, sync_s: float = 0.0) -> StepTime:
+    """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `sync_s`:
+    world-wide barriers per step (sync_seconds), which nothing overlaps."""
     gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
     fedavg_b = model.fedavg_bytes_per_param or model.bytes_per_param
     units = [shapes.root] + [shapes.layer] * shapes.layers
@@ -158,13 +169,13 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
         federation = chunks * net(exchange, shard_bytes / chunks, F, loads["federation"])
         federation += chunks * net("broadcast", shard_bytes / chunks, R, loads["replicate"])
         federation /= A
-    comm = {"shard": shard, "replicate": replicate, "federation": federation}
+    comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
     else:
         hidden, source = compute.forward_s + compute.backward_s, compute.source
         exposed_compute = compute.optimizer_s / S
-    no_overlap = hidden + exposed_compute + shard + replicate + federation
-    full_overlap = max(hidden, shard + replicate) + exposed_compute + federation
+    no_overlap = hidden + exposed_compute + shard + replicate + federation + sync_s
+    full_overlap = max(hidden, shard + replicate) + exposed_compute + federation + sync_s
     return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
                     full_overlap if overlap else no_overlap, source)
