@@ -13,6 +13,8 @@ from tests.support import ROOT, clean_env
 RESULTS = ROOT / "results"
 # each committed sweep directory (under results/) -> what names it on the command line
 COMMITTED = {
+    "local/batch_control_reference": ["sweep=batch_control_reference"],
+    "local/batch_control_small": ["sweep=batch_control_small"],
     "local/precision_fp32": ["sweep=precision_fp32"],
     "local/precision_paper": ["sweep=precision_paper"],
     "testbed/agg_tradeoff": ["sweep=agg_tradeoff", "cluster=testbed"],

@@ -151,3 +151,23 @@ def test_diloco_quotes_the_mean_curves():
         at = [sum(dict((e[0], e[2]) for e in r["eval_history"])[step] for r in runs.values()) / len(runs)
               for step in (64, 128, 192, 256)]
         assert f"{name} {', '.join(f'{x:.2f}' for x in at)}" in readme
+
+
+def test_batch_control_quotes_its_three_rules():
+    readme = _readme("batch_control")
+    fsdp = by_seed("local/batch_control_reference", strategy="fsdp")
+    fl = by_seed("local/batch_control_reference", strategy="fl_fsdp")
+    small = by_seed("local/batch_control_small", strategy="fsdp")
+    beat = ratio("eval_ppl", fsdp, fl)
+    assert f"| {cell(beat, 4)} | {_band_verdict(beat, 'FL better', 'FL worse', 'the same')} |" in readme
+    helps = ratio("eval_ppl", fsdp, small)
+    words = ("the smaller batch helps FSDP", "the smaller batch hurts FSDP", "the same")
+    assert f"| {cell(helps, 4)} | {_band_verdict(helps, *words)} |" in readme
+    explains = ratio("eval_ppl", fl, small)
+    verdict = "explains" if explains[1] <= BAND[1] and beat[1] > BAND[1] else "does not explain"
+    assert f"| {cell(explains, 4)} | {verdict} FL's quality |" in readme
+    text = " ".join(readme.split())
+    for name, runs, per_step in (("FSDP batch 32", fsdp, 32), ("FL+FSDP", fl, 32), ("FSDP batch 8", small, 8)):
+        at = [sum(dict((e[0], e[2]) for e in r["eval_history"])[seqs // per_step] for r in runs.values()) / 3
+              for seqs in (1280, 2560, 3840, 5120)]
+        assert f"{name} {', '.join(f'{x:.2f}' for x in at)}" in text
