@@ -171,3 +171,21 @@ def test_batch_control_quotes_its_three_rules():
         at = [sum(dict((e[0], e[2]) for e in r["eval_history"])[seqs // per_step] for r in runs.values()) / 3
               for seqs in (1280, 2560, 3840, 5120)]
         assert f"{name} {', '.join(f'{x:.2f}' for x in at)}" in text
+
+
+def test_the_readme_findings_quote_the_studies():
+    """The front page's findings are the studies' figures, recomputed here, not copies that can drift."""
+    readme = " ".join((RESULTS.parent / "README.md").read_text().split())
+    paper = by_seed("local/precision_paper", strategy="hsdp"), by_seed("local/precision_paper", strategy="fsdp")
+    assert f"{cell(ratio('eval_ppl', *paper), 5)} in the authors' bf16" in readme
+    speed = [ratio("train_time_s", _agg(s, 1), _agg(s, 16)) for s in ("fl_fsdp", "fl_hsdp")]
+    assert "FL+FSDP {:.2f}× ({:.2f}–{:.2f}) and FL+HSDP {:.2f}× ({:.2f}–{:.2f}) faster".format(*speed[0], *speed[1]) \
+        in readme
+    fedavg_over_diloco = ratio("eval_ppl", _agg("fl_fsdp", 16), _diloco("fp32"))
+    assert "(FedAvg / DiLoCo {:.3f}×, {:.3f}–{:.3f})".format(*fedavg_over_diloco) in readme
+    beat = ratio("eval_ppl", by_seed("local/batch_control_reference", strategy="fsdp"),
+                 by_seed("local/batch_control_reference", strategy="fl_fsdp"))
+    assert "(FSDP / FL+FSDP {:.3f}×, {:.3f}–{:.3f})".format(*beat) in readme
+    order = [ratio("train_time_s", by_seed(SLURM_ORDER, strategy="fl_hsdp", A=a),
+                   by_seed(FEDSHARD_ORDER, strategy="fl_hsdp", A=a))[0] for a in (1, 16)]
+    assert "makes FL+HSDP {:.2f}× to {:.2f}× slower".format(*order) in readme
