@@ -26,6 +26,8 @@ COMMITTED = {
                                       "cluster=testbed"],
     "testbed/validation_topology_mini": ["sweep=testbed_validation", "sweep.name=validation_topology_mini",
                                          "cluster=testbed"],
+    "testbed/validation_topology_tiny": ["sweep=testbed_validation", "sweep.name=validation_topology_tiny",
+                                         "cluster=testbed"],
 }
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
 
@@ -83,7 +85,7 @@ def _signed(x: float) -> str:
 
 
 VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_tiny",
-               "testbed/validation_topology_mini"]
+               "testbed/validation_topology_mini", "testbed/validation_topology_tiny"]
 
 
 @pytest.mark.parametrize("where", VALIDATIONS)
