@@ -22,6 +22,8 @@ COMMITTED = {
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
     "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
                                       "cluster=testbed"],
+    "testbed/validation_slurm_mini_seq128": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini_seq128",
+                                             "cluster=testbed"],
     "testbed/validation_slurm_tiny": ["sweep=testbed_validation", "sweep.name=validation_slurm_tiny",
                                       "cluster=testbed"],
     "testbed/validation_topology_mini": ["sweep=testbed_validation", "sweep.name=validation_topology_mini",
@@ -84,7 +86,7 @@ def _signed(x: float) -> str:
     return f"{x * 100:+.1f} %".replace("-", "−")
 
 
-VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_tiny",
+VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_mini_seq128", "testbed/validation_slurm_tiny",
                "testbed/validation_topology_mini", "testbed/validation_topology_tiny"]
 
 

@@ -94,6 +94,32 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
     assert "Table 3" in proc.stdout
 
 
+
+def test_sacct_records_exit_0_for_completed_runs_and_not_for_a_failed_one(testbed, tmp_path):
+    """What SLURM's accounting keeps is what a site's tooling trusts: every step of a completed run's job exits
+    0:0 (no abort at interpreter exit), and a run whose loss goes non-finite (lr 1e30) fails with a non-zero
+    code, once (NonFiniteError is not retried)."""
+    _wait_idle()
+    proc = lab(sys.executable, "-m", "launcher", "-m", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=1",
+               "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "train.lr=1e-3,1e30", "retries=1",
+               f"results_dir={tmp_path}", timeout=900, cwd=ROOT)
+    assert proc.returncode != 0 and "not retrying" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+    entries = {e["run_id"]: e for e in map(json.loads, (tmp_path / "testbed" / "smoke" / "manifest.jsonl")
+                                                       .read_text().splitlines())}
+    [done] = [e for r, e in entries.items() if r.endswith("lr0.001")]
+    [failed] = [e for r, e in entries.items() if not r.endswith("lr0.001")]
+    assert (done["state"], failed["attempts"]) == ("COMPLETED", 1) and failed["state"] != "COMPLETED"
+
+    def exit_codes(job: str) -> dict[str, str]:
+        rows = lab("sacct", "-j", job, "-n", "-P", "-o", "JobID,ExitCode").stdout.split()
+        return dict(row.split("|") for row in rows)
+
+    wait_for(lambda: exit_codes(failed["job_id"]).get(failed["job_id"], "0:0") != "0:0",
+             "sacct to record the failed job", 60)
+    codes = exit_codes(done["job_id"])
+    assert codes and set(codes.values()) == {"0:0"}, codes  # the job, its batch step and its srun step
+    assert exit_codes(failed["job_id"])[failed["job_id"]] != "0:0"
+
 def _wait_idle(timeout_s=60):
     """Pinned nodes must be free: wait for the previous test's jobs to leave the nodes."""
     wait_for(lambda: set(lab("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"},
