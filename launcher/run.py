@@ -41,7 +41,10 @@ def failure_reason(job, tasks: int) -> str:
         except OSError:
             continue
         lines = [line.strip() for line in text.splitlines() if line.strip()]
-        errors = [line for line in lines if "fedshard: error" in line or "Error" in line or "error:" in line]
+        # srun's own "srun: error: ... Exited with exit code 1" follows the task's exception: it says only that
+        # the task failed, and would hide which error (and so whether a retry can pass)
+        errors = [line for line in lines if ("fedshard: error" in line or "Error" in line or "error:" in line)
+                  and not line.startswith("srun: ")]
         if errors:
             return errors[-1][:300]
     return "no result.json (see the submitit logs)"
