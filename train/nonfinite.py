@@ -27,7 +27,8 @@ class Guard:
         self.names, self.params = zip(*model.named_parameters())
         self.mode, self.rank, self.layout, self.device = mode, rank, layout, device
         self.first = torch.full((2,), -1, dtype=torch.int64, device=device)  # (step, 0: loss | i + 1: param i)
-        self.skipped = 0  # skip_step: steps whose update every rank dropped
+        self.pending = False  # stop: steps noted since the ranks last compared (every rank steps alike, so all
+                              # agree whether to compare: a FedAvg, checkpoint and evaluation at one step cost one)
 
     def _flags(self, loss: torch.Tensor) -> torch.Tensor:
         """Non-finite?, for the loss and then each parameter's local gradient shard."""
@@ -42,17 +43,19 @@ class Guard:
         if self.mode == "skip_step":
             bad = flags.any().to(torch.int64)
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-            if bad.item():
-                self.skipped += 1
-                return True
-            return False
+            return bool(bad.item())
         new = flags.any() & (self.first[0] < 0)  # only the first one counts: the rest follow from it
         where = torch.stack([torch.tensor(step, device=self.device), flags.to(torch.int64).argmax()])
         self.first = torch.where(new, where, self.first)
+        self.pending = True
         return False
 
     def check(self, before: str) -> None:
-        """Collective: raise NonFiniteError on every rank if any rank has noted a non-finite value."""
+        """Collective: raise NonFiniteError on every rank if any rank has noted a non-finite value since the
+        ranks last compared (nothing to compare when no step ran since)."""
+        if not self.pending:
+            return
+        self.pending = False
         notes = [torch.empty_like(self.first) for _ in range(dist.get_world_size())]
         dist.all_gather(notes, self.first)
         hits = [(int(step), rank, int(which)) for rank, (step, which) in enumerate(n.tolist() for n in notes)
