@@ -2,6 +2,7 @@
 study's README quotes them): seed-paired ratios between any two configurations, also across two sweeps."""
 from __future__ import annotations
 
+import csv
 import json
 
 from launcher.report.stats import paired_ratio
@@ -38,3 +39,8 @@ def largest_gap(base: dict[int, dict], other: dict[int, dict]) -> float:
     """The largest relative difference of eval perplexity between paired runs over all their evaluations."""
     return max(abs(o[2] / b[2] - 1) for s in base.keys() & other.keys()
                for b, o in zip(base[s]["eval_history"], other[s]["eval_history"], strict=True))
+
+
+def table3(where: str) -> list[dict]:
+    """The rows of results/<where>/table3.csv."""
+    return list(csv.DictReader((RESULTS / where / "table3.csv").read_text().splitlines()))

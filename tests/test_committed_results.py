@@ -2,15 +2,16 @@
 `action=report` on a copy rebuilds each committed table byte for byte with the current code."""
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from tests.study_data import RESULTS, table3
 from tests.support import ROOT, clean_env
 
-RESULTS = ROOT / "results"
 # each committed sweep directory (under results/) -> what names it on the command line
 COMMITTED = {
     "local/batch_control_reference": ["sweep=batch_control_reference"],
@@ -58,17 +59,13 @@ def test_report_rebuilds_the_committed_tables(where, tmp_path):
     assert "n" in header  # repeats are counted in every committed table
 
 
-def _table3(where: str) -> list[dict]:
-    return list(csv.DictReader((RESULTS / where / "table3.csv").read_text().splitlines()))
-
-
 def _runs(where: str) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((RESULTS / where).glob("*/result.json"))]
 
 
 def test_testbed_readme_quotes_testbed_table3_as_its_data_gives_it():
     readme = (RESULTS / "testbed" / "README.md").read_text()
-    for row in _table3("testbed/testbed_table3"):
+    for row in table3("testbed/testbed_table3"):
         assert f"{float(row['Training time (s) mean']):.2f} ± {float(row['Training time (s) ci95']):.2f}" in readme
         assert f"| {float(row['× less comm than FSDP (predicted)']):#.3g}×" in readme
         if row["Strategy"] != "FSDP":
@@ -105,3 +102,19 @@ def test_testbed_readme_quotes_each_validation_as_its_data_gives_it(where):
     worst = max(rows, key=lambda r: abs(float(r["error"])))
     assert f"{within} of {len(rows)} are within ±20 %" in readme
     assert f"{_signed(float(worst['error']))}." in readme
+
+
+@pytest.mark.parametrize("where", [w for w in sorted(COMMITTED) if (RESULTS / w / "README.md").exists()])
+def test_a_sweep_readme_gives_the_command_that_rebuilds_it(where):
+    """Each study sweep's README says how it was made (command, commit, machine, date) and how to rebuild it."""
+    readme = (RESULTS / where / "README.md").read_text()
+    assert f"`python -m launcher action=report {' '.join(COMMITTED[where])}`" in readme
+    assert re.search(r"^    (slurm/testbed/lab )?python -m launcher .*sweep=", readme, re.M)  # the command that ran
+    for line in ("- Commit: ", "- Machine: ", "- Date: 2026-", "- What it shows: "):
+        assert line in readme, line
+
+
+def test_every_local_and_study_sweep_has_a_readme():
+    """results/testbed/README.md describes the testbed_table3 and validation sweeps; every other one has its own."""
+    covered = {w for w in COMMITTED if "validation" in w or w.endswith("testbed_table3")}
+    assert {w for w in COMMITTED if not (RESULTS / w / "README.md").exists()} == covered

@@ -137,6 +137,7 @@ def _tree_order(topo: Topology, usable: tuple[str, ...]) -> tuple[dict, dict]:
 
 
 def _search(topo: Topology, children: dict, order: dict, k: int, n_units: int) -> list[list[str]] | None:
+    """Every switch's subtree that holds enough usable nodes, packed greedily; the best by level profile."""
     best = None
     for region in sorted(topo.level, key=lambda s: topo.level[s]):
         if len(order[region]) < k * n_units:
@@ -145,9 +146,9 @@ def _search(topo: Topology, children: dict, order: dict, k: int, n_units: int) -
         if groups is None:
             continue
         profile = sorted(level for level, _ in groups)
-        rank = (profile, topo.level[region], len(order[region]))
-        if best is None or rank < best[0]:
-            best = (rank, [nodes for _, nodes in groups])
+        score = (profile, topo.level[region], len(order[region]))
+        if best is None or score < best[0]:
+            best = (score, [nodes for _, nodes in groups])
     return None if best is None else best[1]
 
 
