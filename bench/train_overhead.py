@@ -19,6 +19,7 @@ from train import mesh as meshes
 from train import model as models
 from train import optim, parallelize
 from train.data import build_source
+from train.dims import Dims
 from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
@@ -28,7 +29,7 @@ def _bare(spec: RunSpec, ids: torch.Tensor, steps: int) -> float:
     """Seconds per step of the plainest FSDP2 loop: forward, backward, optimizer step."""
     torch.manual_seed(spec.train.seed)
     model = models.build(models.llama_config(spec.model), "cpu")
-    parallelize.shard(model, meshes.build("cpu", 1, 1, spec.S)["shard"], "fp32")
+    parallelize.shard(model, meshes.build("cpu", Dims(1, 1, spec.S))["shard"], "fp32")
     opt = optim.adamw(model.parameters(), spec.train)
     dist.barrier()
     t = time.perf_counter()

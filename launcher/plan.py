@@ -33,6 +33,8 @@ class PlanEntry:
     R: int
     S: int
     A: int | None
+    tp: int                               # tensor-parallel degree: ranks of one node splitting each matrix
+    pp: int                               # pipeline stages
     world_size: int
     gpus_per_node: int
     model: dict
@@ -41,7 +43,7 @@ class PlanEntry:
     note: str
     nodes: list[str]
     hostfile: list[str]
-    coords: list[list[int]]
+    coords: list[list[int]]               # [f, r, s, p, t] of every rank (train.dims)
     bandwidth: dict
     group_levels: list[int]
     hierarchy_ok: bool
@@ -110,10 +112,11 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
 def place_one(cluster, topo: topology.Topology, real: bool, usable: list[str], run: Run) -> PlannedRun:
     """`run` placed on `usable` nodes of `topo` (`real`: SLURM's own topology), with its sbatch topology request."""
     s, G = run.spec, cluster.gpus_per_node
-    placement = allocate.place(s.F, s.R, s.S, G, topo, usable)
+    mp = {"P": s.train.pp, "T": s.train.tp}
+    placement = allocate.place(s.F, s.R, s.S, G, topo, usable, **mp)
     slurm_order = cluster.placement == "slurm"
     if slurm_order:
-        placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo)
+        placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo, **mp)
     # --switches on SLURM's own tree only, and not when SLURM's order is kept: the paper asked for no switches
     count_leaves = cluster.executor == "slurm" and real and not slurm_order
     leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
@@ -125,7 +128,8 @@ def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | N
     the leaves the plan spans); on blocks, --segment=K (K = one federation group's nodes, the whole job for
     FSDP/HSDP) when a group spans several nodes and fits the smallest block. On blocks, an FL+HSDP group no
     block can hold, or a sbatch_extra.segment that none can, is refused."""
-    group_nodes, _ = allocate.units(run.spec.F, run.spec.R, run.spec.S, cluster.gpus_per_node)
+    s = run.spec
+    group_nodes, _ = allocate.units(s.F, s.R, s.S * s.train.pp * s.train.tp, cluster.gpus_per_node)
     if topo.block_size:
         if run.spec.strategy == "fl_hsdp" and group_nodes > topo.block_size:
             raise ConfigError(f"{run.run_id}: a federation group of {group_nodes} nodes cannot sit inside one block "
@@ -179,7 +183,8 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
     attempt = store.entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
     return PlanEntry(
-        run_id=run.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A,
+        run_id=run.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A, tp=spec.train.tp,
+        pp=spec.train.pp,
         world_size=spec.world_size, gpus_per_node=cluster.gpus_per_node, model=spec.model.to_dict(),
         model_params=model.params,
         train={k: getattr(spec.train, k) for k in ("steps", "seq_len", "batch_per_rank", "lr", "precision")},

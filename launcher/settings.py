@@ -130,6 +130,8 @@ class Sweep:
     exclude: list[dict] = field(default_factory=list)
     train: dict = field(default_factory=dict)
     target: str | None = None  # reference: the target perplexity comes from the reference (fsdp) runs, run first
+    tp: list | None = None  # tensor-parallel degrees to sweep (null: train.tp)
+    pp: list | None = None  # pipeline stage counts to sweep (null: train.pp)
 
 
 @dataclass

@@ -20,6 +20,10 @@ def check(runs: list[Run]) -> None:
         raise ConfigError(f"retry_shrink=true needs checkpoints to resume from, but {bare[0]} has "
                           f"train.checkpoint_every=0" + (f" ({len(bare) - 1} more run(s) too)" if len(bare) > 1 else "")
                           + ": set train.checkpoint_every=K")
+    split = [r.run_id for r in runs if r.spec.train.tp * r.spec.train.pp > 1]
+    if split:
+        raise ConfigError(f"retry_shrink=true resumes on fewer nodes by changing F, R or S, which a run with "
+                          f"train.tp or train.pp > 1 ({split[0]}) cannot do yet: set retry_shrink=false")
 
 
 def layout_on(spec: RunSpec, nodes: int, G: int) -> tuple[int, int, int]:

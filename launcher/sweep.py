@@ -1,8 +1,10 @@
-"""Expand a sweep (strategy x A x F x nodes x repeats, minus exclusions) into run specs.
+"""Expand a sweep (strategy x A x F x nodes x tp x pp x repeats, minus exclusions) into run specs.
 
 Layouts follow the paper's rules: S = GPUs per node (sharding stays inside a node).
 FSDP shards over all N ranks; HSDP replicates across nodes; FL+FSDP makes every
-node a federation group; FL+HSDP splits the nodes into F groups of R nodes.
+node a federation group; FL+HSDP splits the nodes into F groups of R nodes. With
+tp x pp > 1 each shard is a pipeline of pp stages of tp GPUs: a node holds G / (tp x pp)
+shards, or a shard spans (tp x pp) / G nodes.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from dataclasses import dataclass, field
 
 from launcher import multirun
 from launcher.errors import ConfigError
-from launcher.placement.allocate import Placement
+from launcher.placement.allocate import Placement, check_model_parallel
 from launcher.settings import Settings
 from train.errors import FedshardError
 from train.sections import ModelSection, TextData, data_section
@@ -40,9 +42,18 @@ class PlannedRun:
     topology_request: dict = field(default_factory=dict)  # sbatch --switches or --segment (plan.topology_request)
 
 
-def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None) -> tuple[int, int, int]:
-    """(F, R, S) for a strategy on `nodes` nodes."""
-    S = gpus_per_node
+def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None, tp: int = 1,
+           pp: int = 1) -> tuple[int, int, int]:
+    """(F, R, S) for a strategy on `nodes` nodes, each shard being pp x tp GPUs."""
+    check_model_parallel(tp, gpus_per_node)
+    mp = tp * pp
+    if mp <= gpus_per_node and gpus_per_node % mp == 0:
+        S = gpus_per_node // mp
+    elif mp % gpus_per_node == 0 and nodes % (mp // gpus_per_node) == 0:
+        S, nodes = 1, nodes // (mp // gpus_per_node)
+    else:
+        raise ConfigError(f"pp*tp = {pp}*{tp} = {mp} GPUs per shard neither divide a node's {gpus_per_node} GPUs "
+                          f"nor fill whole nodes of the {nodes}")
     if strategy == "fsdp":
         return 1, 1, nodes * S
     if strategy == "hsdp":
@@ -79,6 +90,14 @@ def _node_counts(settings: Settings) -> list[int]:
     return out
 
 
+def _degrees(values: list | None, key: str, settings: Settings) -> list[int]:
+    """sweep.tp / sweep.pp, or the train setting when the sweep does not vary it."""
+    values = [settings.train.get(key, 1)] if values is None else values
+    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+        raise ConfigError(f"sweep.{key} must be a list of positive integers, got {values!r}")
+    return values
+
+
 def _excluded(point: dict, exclude: list) -> bool:
     return any(all(point.get(k) == v for k, v in rule.items()) for rule in exclude)
 
@@ -99,18 +118,18 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
     if not isinstance(sweep.repeats, int) or sweep.repeats < 1:
         raise ConfigError(f"sweep.repeats must be a positive integer, got {sweep.repeats!r}")
     repeated: list[tuple[int, Run]] = []  # (repeat, run)
+    parallel = [(tp, pp) for tp in _degrees(sweep.tp, "tp", settings) for pp in _degrees(sweep.pp, "pp", settings)]
     for nodes in _node_counts(settings):
         for strategy in sweep.strategies:
             As = sweep.A if strategy.startswith("fl_") else [None]
             Fs = sweep.F if strategy == "fl_hsdp" else [None]
-            for F_asked in Fs:
+            for F_asked, A, (tp, pp) in ((F_, A, mp) for F_ in Fs for A in As for mp in parallel):
                 F, note = scaled_F(F_asked, nodes, sweep.paper_nodes) if F_asked is not None else (None, "")
-                for A in As:
-                    where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes}
-                    if _excluded(where, sweep.exclude):
-                        continue
-                    repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or []))
-                                 for rep in range(1, sweep.repeats + 1)]
+                where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes, "tp": tp, "pp": pp}
+                if _excluded(where, sweep.exclude):
+                    continue
+                repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or [], tp, pp))
+                             for rep in range(1, sweep.repeats + 1)]
     # round-robin: every configuration's first repeat, then every second one..., so that drift on the machine
     # (load, thermal, a noisy neighbour) spreads over all configurations instead of favouring the early ones
     runs = [run for _, run in sorted(repeated, key=lambda pair: pair[0])]
@@ -123,15 +142,15 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
 
 
 def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str,
-         point: dict[str, str], axes: list) -> Run:
+         point: dict[str, str], axes: list, tp: int, pp: int) -> Run:
     cluster, sweep = settings.cluster, settings.sweep
-    F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F)
-    world = F_ * R * S
+    F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F, tp, pp)
+    world = F_ * R * S * tp * pp
     if cluster.max_ranks is not None and world > cluster.max_ranks:
         raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
                           f"at most {cluster.max_ranks} (cluster.max_ranks)")
     raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "pending", "model": settings.model,
-           "data": settings.data, "train": settings.train, "device": cluster.device,
+           "data": settings.data, "train": {**settings.train, "tp": tp, "pp": pp}, "device": cluster.device,
            "backend": cluster.backend, "peak_flops": cluster.peak_flops}
     try:
         spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final

@@ -33,29 +33,34 @@ class Reference:
             self.period = spec.A // cfg.outer_fragments
         self.pending = None  # (tensor indices, every group's pseudo-gradients, the step it lands after)
 
-    def step(self, i: int) -> None:
+    def step(self, i: int) -> list[float]:
+        """Step i of every group; each group's loss on its global batch (before the step's update)."""
         spec, cfg = self.spec, self.spec.train
         group = spec.R * spec.S
+        losses = []
         for f, (m, opt, sched) in enumerate(zip(self.models, self.optimizers, self.schedules)):
             ids = torch.cat([self.source.train_batch(rank, i, cfg.batch_per_rank, cfg.seq_len)
                              for rank in range(f * group, (f + 1) * group)])
-            m(input_ids=ids, labels=ids).loss.backward()
+            loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
+            losses.append(loss.item())
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()
         if not spec.federated:
-            return
+            return losses
         done = i + 1
         if not cfg.streamed:
             if done % spec.A == 0:
                 self.average()
-            return
+            return losses
         if self.pending is not None and self.pending[2] == done:
             self._land()
         if done % self.period == 0:
             self._launch(self.fragments[(done // self.period - 1) % len(self.fragments)], done + cfg.outer_delay)
             if not cfg.outer_delay:
                 self._land()
+        return losses
 
     @torch.no_grad()
     def average(self) -> None:

@@ -7,6 +7,7 @@ from torch.distributed.tensor import Shard
 from train import alignment
 from train import mesh as meshes
 from train import model as models
+from train.dims import Dims
 from train.errors import AlignmentError
 from train.local_ranks import run_ranks
 from train.loop import Trainer
@@ -34,11 +35,11 @@ def _reorder(model):
 
 
 def _injected(rank, world, injection):
-    mesh = meshes.build("cpu", 2, 1, 2)  # F=2 groups of S=2 shards
-    odd_group = meshes.coords(rank, 2, 1, 2)[0] == 1
+    mesh = meshes.build("cpu", Dims(2, 1, 2))  # F=2 groups of S=2 shards
+    odd_group = Dims(2, 1, 2).coords(rank)[0] == 1
     if injection == "different_S":
         # Group 1 shards over S=1 (HSDP R=2 x S=1) while group 0 uses S=2.
-        other = meshes.build("cpu", 2, 2, 1)
+        other = meshes.build("cpu", Dims(2, 2, 1))
         model = _sharded(other["replicate", "shard"] if odd_group else mesh["shard"])
     elif injection == "shard_dim1":
         fn = (lambda p: Shard(1) if p.ndim == 2 else Shard(0)) if odd_group else None

@@ -8,6 +8,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 from train import mesh as meshes
+from train.dims import Dims
 from train.federated import FedAvg
 from train.local_ranks import run_ranks
 from train.parallelize import local
@@ -47,8 +48,8 @@ def _ulp(t: torch.Tensor) -> torch.Tensor:
 def _check(rank, strategy, F, R, S, dtype):
     """(ulps that averaging identical models moved, error after averaging different models as a fraction of
     what fp32 accumulation allows, whether every group holds the same bits)."""
-    mesh = meshes.build("cpu", F, R, S)
-    f, _, s = meshes.coords(rank, F, R, S)
+    mesh = meshes.build("cpu", Dims(F, R, S))
+    f, _, s, _, _ = Dims(F, R, S).coords(rank)
     model = _model(meshes.data_parallel_mesh(mesh, strategy), dtype)
     fedavg = FedAvg(model, torch.optim.AdamW(model.parameters()), mesh, A=1, chunk_bytes=2000)  # several chunks
     params = [(name, local(p)) for name, p in model.named_parameters()]

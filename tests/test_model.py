@@ -6,6 +6,7 @@ from torch.distributed.tensor import DTensor
 from train import mesh as meshes
 from train import model as models
 from train import parallelize
+from train.dims import Dims
 from train.local_ranks import run_ranks
 
 
@@ -13,7 +14,7 @@ def _shard_8b(rank, world):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     config = models.llama_config({"preset": "llama3_8b"})
     model = models.build(config, "meta")
-    parallelize.shard(model, meshes.data_parallel_mesh(meshes.build("cpu", 1, 1, world), "fsdp"), "fp32")
+    parallelize.shard(model, meshes.data_parallel_mesh(meshes.build("cpu", Dims(1, 1, world)), "fsdp"), "fp32")
     params = list(model.parameters())
     return {
         "params": models.count_params(model),

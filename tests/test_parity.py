@@ -111,7 +111,7 @@ def test_matches_single_process_reference(name):
     for step in range(STEPS):
         by_shard = {}
         for o in outs:
-            f, _, s = o["coord"]
+            f, _, s, _, _ = o["coord"]
             by_shard.setdefault((f, s), set()).add(o["local"][step])
         assert all(len(v) == 1 for v in by_shard.values()), f"{name}: replicas diverged at step {step + 1}"
     streamed = spec["F"] > 1 and RunSpec.from_dict(spec).train.streamed

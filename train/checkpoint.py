@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .errors import SpecError
-from .spec import ELASTIC, RunSpec, coords, identity, identity_changes
+from .spec import ELASTIC, RunSpec, identity, identity_changes
 
 PREFIX = "step-"
 
@@ -81,8 +81,10 @@ class Checkpointer:
             self.period, self.delay = spec.A // spec.train.outer_fragments, spec.train.outer_delay
         self.average_optimizer_state = spec.train.average_optimizer_state
         self.rank = rank
-        self.group = f"fed{coords(rank, spec.F, spec.R, spec.S)[0]}"  # this rank's key for per-group parts
-        self.elastic, self.world = spec.train.elastic, spec.world_size
+        self.group = f"fed{spec.dims.coords(rank)[0]}"  # this rank's key for per-group parts
+        # the optimizer's param_groups are not tensors, so DCP keeps one rank's copy: each stage needs its own
+        self.stage = f"stage{spec.dims.coords(rank)[3]}" if spec.dims.P > 1 else None
+        self.elastic, self.world = spec.train.elastic, spec.dims.dp_world  # one data stream each
         self.rank_step_tokens = spec.train.batch_per_rank * spec.train.seq_len
 
     def latest(self) -> Path | None:
@@ -150,6 +152,8 @@ class Checkpointer:
         optimizer's state (DiLoCo's synchronized copy and momentum) is the same in every group: shared.
         """
         model_sd, optim_sd = get_state_dict(model, optimizer)
+        if self.stage is not None:
+            optim_sd = {self.stage: optim_sd}
         state: dict = {"outer": outer} if outer else {}
         for part, sd in (("model", model_sd), ("optim", optim_sd)):
             if part in parts_per_group:
@@ -204,7 +208,8 @@ class Checkpointer:
         shards = self._state(model, optimizer, meta["per_group"], outer)
         dcp.load(shards, checkpoint_id=str(path))
         mine = {**shards, **shards.get(self.group, {})}
-        set_state_dict(model, optimizer, model_state_dict=mine["model"], optim_state_dict=mine["optim"])
+        optim_sd = mine["optim"] if self.stage is None else mine["optim"][self.stage]
+        set_state_dict(model, optimizer, model_state_dict=mine["model"], optim_state_dict=optim_sd)
         if outer:
             fedavg.load_outer_state(shards["outer"])
         rng = path / f"rank{self.rank}.pt"  # a rank the checkpoint's layout did not have keeps its seeded RNG

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, data, launch_env, metrics, optim, parallelize
+from . import checkpoint, data, launch_env, metrics, optim, parallelize, pipeline
 from . import mesh as meshes
 from . import model as models
 from .errors import SpecError
@@ -38,10 +38,15 @@ class Trainer:
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
         self.source = source or data.build_source(spec.data, self.config.vocab_size, self.cfg.seq_len, self.cfg.seed)
-        self.world = spec.world_size
-        self.mesh = meshes.build(device, spec.F, spec.R, spec.S)
-        self.coord = meshes.coords(rank, spec.F, spec.R, spec.S)
+        self.world, self.dims = spec.world_size, spec.dims
+        self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
+        self.mesh = meshes.build(device, self.dims)
+        self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
         self.model = self._build_model()
+        self.pipeline = None  # train.pp > 1: this rank's stage under its schedule
+        if self.dims.P > 1:
+            self.pipeline = pipeline.Pipeline(self.model, self.mesh, self.cfg.n_microbatches, self.cfg.pp_schedule,
+                                              device)
         self.optimizer = optim.adamw(self.model.parameters(), self.cfg)
         self.schedule = optim.schedule(self.optimizer, self.cfg)
         self.state = checkpoint.TrainState(self.schedule)
@@ -56,10 +61,12 @@ class Trainer:
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
                 self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
                                      c.aggregation_dtype, c.outer_fragments, c.outer_delay, **shared)
-        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, (spec.F, spec.R, spec.S), device)
+        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0
-        self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world, device)
+        # every last pipeline stage holds its pipeline's loss; the other stages log 0 and are not counted
+        self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world // self.dims.P,
+                                   device)
         self.out_dir = out_dir
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
         self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0}  # seconds outside the training time
@@ -84,21 +91,22 @@ class Trainer:
 
     def _build_model(self) -> torch.nn.Module:
         dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.strategy)
+        self.params = models.count_params(models.build(self.config, "meta"))  # the whole model, every stage
         init = self.cfg.init
         if init == "auto":
-            n = models.count_params(models.build(self.config, "meta"))
-            init = "full" if n <= FULL_INIT_LIMIT else "meta"
+            init = "full" if self.params <= FULL_INIT_LIMIT else "meta"
         if init == "full":
-            # Every rank builds the same full model from the seed, then keeps its shard.
+            # Every rank builds the same full model from the seed, then keeps its stage and shard.
             torch.manual_seed(self.cfg.seed)
-            model = models.build(self.config, "cpu")
-            return parallelize.shard(model, dp_mesh, self.cfg.precision)
-        model = parallelize.shard(models.build(self.config, "meta"), dp_mesh, self.cfg.precision)
-        parallelize.materialize(model, self.device, self.cfg.seed, shard_index=self.coord[2])
+            return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, self.cfg.precision,
+                                           self.cfg.activation_checkpointing)
+        model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, self.cfg.precision,
+                                        self.cfg.activation_checkpointing)
+        parallelize.materialize(model, self.device, self.cfg.seed, shard_index=self.coord[2], tp_index=self.coord[4])
         return model
 
     def batch(self, step: int) -> torch.Tensor:
-        ids = self.source.train_batch(stream=self.rank, step=step, batch=self.cfg.batch_per_rank,
+        ids = self.source.train_batch(stream=self.data_rank, step=step, batch=self.cfg.batch_per_rank,
                                       seq_len=self.cfg.seq_len)
         return ids.to(self.device)
 
@@ -108,11 +116,15 @@ class Trainer:
         lr = self.schedule.get_last_lr()[0]
         self._enter("forward", step)
         self.clock.start()
-        loss = self.model(input_ids=ids, labels=ids).loss
-        t_fwd = self.clock.lap()
-        self._enter("backward", step)
-        loss.backward()
-        t_bwd = self.clock.lap()
+        if self.pipeline is None:
+            loss = self.model(input_ids=ids, labels=ids).loss
+            t_fwd = self.clock.lap()
+            self._enter("backward", step)
+            loss.backward()
+            t_bwd = self.clock.lap()
+        else:  # the schedule interleaves the microbatches' forwards and backwards: one phase, named forward
+            loss = self.pipeline.step(ids)
+            t_fwd, t_bwd = self.clock.lap(), 0.0
         self._enter("optimizer", step)
         if self.guard.after_backward(step, loss):  # skip_step: every rank drops this update
             self.state.skipped_steps += 1
@@ -121,7 +133,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         self.state.step = step + 1
-        self.state.tokens += self.world * self.cfg.batch_per_rank * self.cfg.seq_len
+        self.state.tokens += self.data_world * self.cfg.batch_per_rank * self.cfg.seq_len
         t_opt = self.clock.lap()
         self._enter("aggregation", step)
         if self.fedavg is not None and self.fedavg.due(step + 1):
@@ -217,14 +229,16 @@ class Trainer:
         self.guard.check("this evaluation")
         eval_set = self.source.eval_set(self.cfg.seq_len)
         n = eval_set.shape[0]
-        mine = eval_set[[(self.rank + j * self.world) % n for j in range(math.ceil(n / self.world))]]
+        mine = eval_set[[(self.data_rank + j * self.data_world) % n for j in range(math.ceil(n / self.data_world))]]
         self.model.eval()
         dist.barrier()
         start = time.perf_counter()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
         for chunk in mine.split(self.cfg.eval_batch):
             ids = chunk.to(self.device)
-            loss = self.model(input_ids=ids, labels=ids).loss
+            loss = self.model(input_ids=ids, labels=ids).loss if self.pipeline is None else self.pipeline.loss(ids)
+            if loss is None:  # not the last pipeline stage: the last counts this batch
+                continue
             predicted = ids.shape[0] * (ids.shape[1] - 1)
             total += torch.stack([loss.double() * predicted, torch.tensor(predicted, dtype=torch.float64,
                                                                         device=self.device)])
@@ -258,7 +272,7 @@ class Trainer:
         spec, cfg = self.spec, self.cfg
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         tokens_per_s = tokens / train_time
-        n_params = models.count_params(self.model)
+        n_params = self.params
         mfu = None
         if spec.peak_flops:
             per_token = models.flops_per_token(self.config, n_params, cfg.seq_len)
@@ -268,7 +282,8 @@ class Trainer:
         reached = target_crossing(history, cfg.target_ppl)
         return RunResult(
             run_id=spec.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A,
-            world_size=self.world, steps=cfg.steps, seq_len=cfg.seq_len, batch_per_rank=cfg.batch_per_rank,
+            world_size=self.world, tp=cfg.tp, pp=cfg.pp, microbatches=cfg.n_microbatches if cfg.pp > 1 else None,
+            steps=cfg.steps, seq_len=cfg.seq_len, batch_per_rank=cfg.batch_per_rank,
             tokens=tokens, train_time_s=train_time, tokens_per_s=tokens_per_s,
             tokens_per_s_per_device=tokens_per_s / self.world, train_ppl=math.exp(min(700.0, train_loss)),
             eval_ppl=eval_ppl, eval_time_s=eval_time, floor_ppl=self.source.floor_ppl,
@@ -290,8 +305,8 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
     env = launch_env.detect(environ)
     if env.world_size != spec.world_size:
-        raise SpecError(f"F*R*S = {spec.F}*{spec.R}*{spec.S} = {spec.world_size} but the launcher started "
-                        f"{env.world_size} rank(s) ({env.launcher})")
+        raise SpecError(f"F*R*S*pp*tp = {'*'.join(map(str, spec.dims.shape))} = {spec.world_size} but the launcher "
+                        f"started {env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)
     device = launch_env.pick_device(spec.device)
     if device == "cpu":

@@ -1,20 +1,18 @@
-"""The one device mesh (fed, replicate, shard); every process group comes from it.
+"""The one device mesh (fed, replicate, shard, pp, tp); every process group comes from it.
 
-Rank k sits at coordinate (f, r, s) in row-major order, so placement is done by
-choosing which host runs which rank, never by permuting the mesh (a mesh built
-from a permuted rank array silently breaks DTensor offsets).
+Rank k sits at coordinate (f, r, s, p, t) in row-major order (train.dims), so placement is done by choosing
+which host runs which rank, never by permuting the mesh (a mesh built from a permuted rank array silently
+breaks DTensor offsets). Dimensions of size 1 are kept, so every sub-mesh exists whatever the layout.
 """
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from .spec import coords  # noqa: F401  (re-exported: rank -> (f, r, s))
-
-DIMS = ("fed", "replicate", "shard")
+from .dims import NAMES, Dims
 
 
-def build(device_type: str, F: int, R: int, S: int) -> DeviceMesh:
-    return init_device_mesh(device_type, (F, R, S), mesh_dim_names=DIMS)
+def build(device_type: str, dims: Dims) -> DeviceMesh:
+    return init_device_mesh(device_type, dims.shape, mesh_dim_names=NAMES)
 
 
 def data_parallel_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .dims import Dims
 from .errors import NonFiniteError
-from .spec import coords
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -23,9 +23,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class Guard:
     """One rank's watch over its loss and gradient shards."""
 
-    def __init__(self, model: torch.nn.Module, mode: str, rank: int, layout: tuple[int, int, int], device: str):
+    def __init__(self, model: torch.nn.Module, mode: str, rank: int, dims: Dims, device: str):
         self.names, self.params = zip(*model.named_parameters())
-        self.mode, self.rank, self.layout, self.device = mode, rank, layout, device
+        self.mode, self.rank, self.dims, self.device = mode, rank, dims, device
         self.first = torch.full((2,), -1, dtype=torch.int64, device=device)  # (step, 0: loss | i + 1: param i)
         self.pending = False  # stop: steps noted since the ranks last compared (every rank steps alike, so all
                               # agree whether to compare: a FedAvg, checkpoint and evaluation at one step cost one)
@@ -64,7 +64,7 @@ class Guard:
             return
         step, rank, which = min(hits)
         tensor = "the loss" if which == 0 else f"the gradient of {self.names[which - 1]}"
-        group = coords(rank, *self.layout)[0]
+        group = self.dims.coords(rank)[0]
         raise NonFiniteError(f"{tensor} was not finite at step {step + 1} on rank {rank} (federation group {group}); "
                              f"the run stopped before {before}, so nothing non-finite was averaged or saved "
                              f"(train.on_nonfinite=skip_step drops such steps instead)")

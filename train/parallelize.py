@@ -1,12 +1,17 @@
-"""The one place fully_shard is applied, and where sharded weights are materialised identically in every group."""
+"""The one place a model is cut into stages, split over its tensor-parallel group and sharded (fully_shard), and
+where sharded weights are materialised identically in every group."""
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import torch
+import torch.utils.checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from . import pipeline, tensor
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -16,12 +21,31 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy()
 
 
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, precision: str,
+                checkpointing: bool = False) -> torch.nn.Module:
+    """This rank's part of a whole LlamaForCausalLM (built on cpu from the seed, or on meta): its pipeline stage,
+    split over the tensor-parallel group, then sharded over `dp_mesh`; with `checkpointing`, each decoder layer
+    keeps only its input for backward and recomputes the rest (transformers' layers checkpoint their forward
+    inside FSDP2's hooks, so the recomputation gathers nothing twice)."""
+    model_plan = type(model)._tp_plan or {}
+    if mesh["pp"].size() > 1:
+        model = pipeline.Stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
+    if mesh["tp"].size() > 1:
+        tensor.apply(model, mesh["tp"], model.config, model_plan)
+    if checkpointing:
+        for layer in pipeline.decoder_layers(model):
+            layer.gradient_checkpointing = True
+            layer._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint,
+                                                                   use_reentrant=False)
+    return shard(model, dp_mesh, precision)
+
+
 def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str) -> torch.nn.Module:
     """fully_shard each decoder layer, then the root (embedding, final norm, lm_head)."""
     if precision == "paper":
         model.to(torch.bfloat16)
     policy = mixed_precision(precision)
-    for layer in model.model.layers:
+    for layer in pipeline.decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     if dp_mesh.device_type == "cpu":
@@ -35,13 +59,13 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def materialize(model: torch.nn.Module, device: str, seed: int, shard_index: int) -> None:
+def materialize(model: torch.nn.Module, device: str, seed: int, shard_index: int, tp_index: int = 0) -> None:
     """Give a model sharded on the meta device real, identical-across-groups weights.
 
     Buffers (RoPE frequencies) and norms come from the model's own initialisation;
     random matrices are then drawn per local shard from a generator seeded by
-    (seed, parameter name, shard index), so every federation group and replica holds
-    the same numbers while different shards of one matrix differ.
+    (seed, parameter name, shard index, tensor-parallel index), so every federation group
+    and replica holds the same numbers while different shards of one matrix differ.
     """
     model.to_empty(device=device)
     with torch.no_grad():
@@ -50,6 +74,7 @@ def materialize(model: torch.nn.Module, device: str, seed: int, shard_index: int
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 continue
-            key = hashlib.blake2b(f"{seed}/{name}/{shard_index}".encode(), digest_size=8).digest()
+            where = f"{shard_index}/{tp_index}" if tp_index else str(shard_index)
+            key = hashlib.blake2b(f"{seed}/{name}/{where}".encode(), digest_size=8).digest()
             gen = torch.Generator(device=device).manual_seed(int.from_bytes(key, "little") >> 1)
             local(param).normal_(0.0, std, generator=gen)

@@ -95,7 +95,7 @@ class RunResult:
     R: int = _doc("replicas per federation group")
     S: int = _doc("shards per replica")
     A: int | None = _doc("FedAvg period in optimizer steps (null for FSDP/HSDP)")
-    world_size: int = _doc("ranks: F x R x S")
+    world_size: int = _doc("ranks: F x R x S x pp x tp")
     steps: int = _doc("optimizer steps of the whole run")
     seq_len: int = _doc("tokens per sequence")
     batch_per_rank: int = _doc("sequences per rank per step")
@@ -151,6 +151,9 @@ class RunResult:
                       default_factory=dict)
     skipped_steps: int = _doc("steps whose update every rank dropped for a non-finite loss or gradient "
                               "(train.on_nonfinite=skip_step), over every attempt", default=0)
+    tp: int = _doc("tensor-parallel degree (train.tp)", default=1)
+    pp: int = _doc("pipeline stages (train.pp)", default=1)
+    microbatches: int | None = _doc("microbatches per step and pipeline when pp > 1, else null", default=None)
     started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "
                                   "only if it was registered before", default=None)
 

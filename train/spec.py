@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .dims import Dims
 from .errors import SpecError
 from .sections import DataSection, ModelSection, SyntheticData, check_types, data_section, data_to_dict, reject_unknown
 
@@ -27,6 +28,7 @@ INITS = ("auto", "full", "meta")
 OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train.federated, train.outer)
 WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.compress); fp32: as the parameters are
 ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.nonfinite)
+PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.pipeline)
 
 
 @dataclass
@@ -67,6 +69,15 @@ class TrainConfig:
     keep_checkpoints: int = 2
     stop_check_every: int = 5  # steps between checks for the scheduler's stop signal (then checkpoint, requeue)
     elastic: bool = False  # a resume may change F (fewer federation groups), R or S: train.checkpoint
+    tp: int = 1  # tensor-parallel degree: the ranks of one node that split each layer's matrices (train.tensor)
+    pp: int = 1  # pipeline stages: consecutive layers per stage (train.pipeline)
+    microbatches: int = 0  # per step and pipeline (0: one per stage); the per-rank batch divides into them
+    pp_schedule: str = "1f1b"  # gpipe: all forwards, then all backwards; 1f1b: interleaved, fewer activations held
+    activation_checkpointing: bool = False  # keep each layer's input only; recompute the rest in backward
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.microbatches or self.pp
 
     @property
     def streamed(self) -> bool:
@@ -75,7 +86,7 @@ class TrainConfig:
     def validate(self) -> None:
         check_types(self, "train", SpecError)
         positive = ("steps", "seq_len", "batch_per_rank", "log_every", "eval_batch", "stop_check_every",
-                    "outer_fragments")
+                    "outer_fragments", "tp", "pp")
         for key in positive:
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise SpecError(f"train.{key} must be a positive integer, got {getattr(self, key)!r}")
@@ -90,7 +101,8 @@ class TrainConfig:
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise SpecError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
         for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS), ("outer", OUTERS),
-                             ("aggregation_dtype", WIRE_DTYPES), ("on_nonfinite", ON_NONFINITE)):
+                             ("aggregation_dtype", WIRE_DTYPES), ("on_nonfinite", ON_NONFINITE),
+                             ("pp_schedule", PP_SCHEDULES)):
             if getattr(self, key) not in allowed:
                 raise SpecError(f"train.{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -99,8 +111,9 @@ class TrainConfig:
             raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
         if not self.watchdog_s > 0:
             raise SpecError(f"train.watchdog_s must be > 0, got {self.watchdog_s}")
-        if not isinstance(self.elastic, bool):
-            raise SpecError(f"train.elastic must be true or false, got {self.elastic!r}")
+        for key in ("elastic", "activation_checkpointing"):
+            if not isinstance(getattr(self, key), bool):
+                raise SpecError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
         if not self.timeout_s > 0:
             raise SpecError(f"train.timeout_s must be > 0, got {self.timeout_s}")
         if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
@@ -120,6 +133,14 @@ class TrainConfig:
         if self.streamed and self.average_optimizer_state:
             raise SpecError("train.outer_fragments/outer_delay stream pseudo-gradients, which optimizer moments have "
                             "none of: use them with train.average_optimizer_state=false")
+        if not isinstance(self.microbatches, int) or isinstance(self.microbatches, bool) or self.microbatches < 0:
+            raise SpecError(f"train.microbatches must be an integer >= 0 (0: one per stage), got {self.microbatches!r}")
+        if self.n_microbatches < self.pp:
+            raise SpecError(f"train.microbatches={self.microbatches} is fewer than train.pp={self.pp} stages: the "
+                            f"pipeline would never fill; use at least {self.pp}")
+        if self.batch_per_rank % self.n_microbatches:
+            raise SpecError(f"train.batch_per_rank={self.batch_per_rank} does not divide into "
+                            f"{self.n_microbatches} microbatches (train.microbatches)")
         if self.target_ppl is not None and not (isinstance(self.target_ppl, (int, float)) and self.target_ppl > 1):
             raise SpecError(f"train.target_ppl must be a perplexity > 1 or null, got {self.target_ppl!r}")
 
@@ -144,8 +165,12 @@ class RunSpec:
     axes: dict = field(default_factory=dict)  # keys a Hydra multirun swept (launcher -m) -> this run's value, as typed
 
     @property
+    def dims(self) -> Dims:
+        return Dims(self.F, self.R, self.S, self.train.pp, self.train.tp)
+
+    @property
     def world_size(self) -> int:
-        return self.F * self.R * self.S
+        return self.dims.world
 
     @property
     def federated(self) -> bool:
@@ -168,6 +193,7 @@ class RunSpec:
         if not ok:
             raise SpecError(f"{why}; got (F, R, S) = ({self.F}, {self.R}, {self.S})")
         self.train.validate()
+        check_model_parallel(self.model.llama_kwargs, self.train.tp, self.train.pp)
         if self.federated:
             if self.F < 2:
                 raise SpecError(f"{self.strategy} needs F >= 2 federation groups, got F = {self.F}")
@@ -276,17 +302,26 @@ def _show(value) -> str:
     return "(unset)" if not isinstance(value, (str, int, float, bool, list, dict, type(None))) else repr(value)
 
 
-def coords(rank: int, F: int, R: int, S: int) -> tuple[int, int, int]:
-    """(f, r, s) of a rank in the row-major F x R x S grid (pure: the launcher uses it without torch)."""
-    if not 0 <= rank < F * R * S:
-        raise ValueError(f"rank {rank} outside a grid of {F * R * S}")
-    return rank // (R * S), (rank // S) % R, rank % S
+def check_model_parallel(llama_kwargs: dict, tp: int, pp: int) -> None:
+    """Refuse a tensor-parallel degree that does not split the heads, or more stages than layers (LlamaConfig's
+    defaults where the model leaves a key out)."""
+    heads = llama_kwargs.get("num_attention_heads", 32)
+    kv_heads = llama_kwargs.get("num_key_value_heads") or heads
+    layers = llama_kwargs.get("num_hidden_layers", 32)
+    for what, n in (("attention heads", heads), ("KV heads", kv_heads)):
+        if n % tp:
+            raise SpecError(f"train.tp={tp} does not divide the model's {n} {what}: each tensor-parallel rank "
+                            f"must hold whole heads")
+    if layers < pp:
+        raise SpecError(f"train.pp={pp} stages but the model has only {layers} layers")
 
 
 def default_run_id(spec: RunSpec) -> str:
-    """Stable, readable id such as fl_hsdp-F16-R8-S4-A8."""
+    """Stable, readable id such as fl_hsdp-F16-R8-S4-A8, or fsdp-F1-R1-S8-P2-T4 with pipeline / tensor parallelism."""
     run_id = f"{spec.strategy}-F{spec.F}-R{spec.R}-S{spec.S}"
-    return run_id + (f"-A{spec.A}" if spec.A is not None else "")
+    run_id += f"-A{spec.A}" if spec.A is not None else ""
+    run_id += f"-P{spec.train.pp}" if spec.train.pp > 1 else ""
+    return run_id + (f"-T{spec.train.tp}" if spec.train.tp > 1 else "")
 
 
 def _names(cls) -> list[str]:

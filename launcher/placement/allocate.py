@@ -1,6 +1,7 @@
-"""Rank placement honouring B_S > B_R > B_F: shard groups inside a node, federation groups under the lowest switch.
+"""Rank placement honouring B_T >= B_P >= B_S > B_R > B_F: tensor-parallel groups inside a node, pipeline stages
+next, shard groups inside a node where they fit, federation groups under the lowest switch.
 
-The ranks of one federation group are contiguous (row-major (f, r, s)), so placing a
+The ranks of one federation group are contiguous (row-major (f, r, s, p, t), train.dims), so placing a
 group means choosing its nodes; rank k then runs on the (k // G)-th chosen node. Groups
 are packed bottom-up: as many as possible under single leaves, then under single level-1
 switches, and so on — which maximises, level by level, how many groups stay low. Among
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from launcher.errors import ConfigError
 from launcher.placement.topology import Topology
-from train.spec import coords
+from train.dims import Dims
 
 
 class NoPlacement(ConfigError):
@@ -25,9 +26,9 @@ class NoPlacement(ConfigError):
 class Placement:
     nodes: list[str]            # chosen nodes, in rank order
     hosts: list[str]            # host of every rank
-    coords: list[tuple]         # (f, r, s) of every rank
+    coords: list[tuple]         # (f, r, s, p, t) of every rank
     group_levels: list[int]     # lowest common switch level of each federation group (-1: one node)
-    bandwidth: dict             # B_S, B_R, B_F bottlenecks in bytes/s (None where the group has one member)
+    bandwidth: dict             # B_T, B_P, B_S, B_R, B_F bottlenecks in bytes/s (None where a group has one member)
     hierarchy_ok: bool
 
     def hostfile(self) -> str:
@@ -48,27 +49,40 @@ def units(F: int, R: int, S: int, G: int) -> tuple[int, int]:
                       f"nor packs evenly into them")
 
 
-def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | None = None) -> Placement:
-    k, n_units = units(F, R, S, G)
+def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | None = None, P: int = 1,
+          T: int = 1) -> Placement:
+    """Each rank's node. A shard's P x T model-parallel ranks are consecutive, so they pack like S*P*T shards;
+    a tensor-parallel group that does not fit one node's G GPUs is refused."""
+    check_model_parallel(T, G)
+    k, n_units = units(F, R, S * P * T, G)
     usable = topo.usable() if usable is None else usable
+    name = f"(F,R,S)=({F},{R},{S})" + (f" with pp={P}, tp={T}" if P * T > 1 else "")
     if len(usable) < k * n_units:
         hint = f"; to size the sweep to them, set cluster.nodes={len(usable)}" if usable else ""
-        raise NoPlacement(f"(F,R,S)=({F},{R},{S}) needs {k * n_units} nodes of {G} GPUs but only {len(usable)} "
-                          f"are usable; {_what_fits(F, R, S, G, len(usable))}{hint}")
+        raise NoPlacement(f"{name} needs {k * n_units} nodes of {G} GPUs but only {len(usable)} "
+                          f"are usable; {_what_fits(F, R, S * P * T, G, len(usable))}{hint}")
     chosen = _pack(topo, usable, k, n_units)
     if chosen is None:
-        raise NoPlacement(f"(F,R,S)=({F},{R},{S}) cannot be placed on the usable nodes")
+        raise NoPlacement(f"{name} cannot be placed on the usable nodes")
     nodes = [n for unit in chosen for n in unit]
-    hosts = [nodes[rank // G] for rank in range(F * R * S)]
-    return assess(F, R, S, hosts, topo, nodes=nodes)
+    hosts = [nodes[rank // G] for rank in range(F * R * S * P * T)]
+    return assess(F, R, S, hosts, topo, nodes=nodes, P=P, T=T)
 
 
-def in_slurm_order(placement: Placement, F: int, R: int, S: int, G: int, topo: Topology) -> Placement:
+def check_model_parallel(T: int, G: int) -> None:
+    """A tensor-parallel group exchanges activations at every layer: it must sit inside one node."""
+    if G % T:
+        raise ConfigError(f"train.tp={T} does not divide the {G} GPUs of a node: a tensor-parallel group must fit "
+                          f"inside one node (use a divisor of {G})")
+
+
+def in_slurm_order(placement: Placement, F: int, R: int, S: int, G: int, topo: Topology, P: int = 1,
+                   T: int = 1) -> Placement:
     """The same nodes with ranks in SLURM's own order (cluster.placement=slurm, what the paper ran): srun's block
     distribution fills nodes in node-name order, whatever the switches they hang from (on the testbed, whose
     slurm.conf lists tb2, tb4, tb1, tb3 by leaf, `srun -N4` numbers tasks tb1, tb2, tb3, tb4)."""
     nodes = sorted(placement.nodes, key=_name_key)
-    return assess(F, R, S, [nodes[rank // G] for rank in range(F * R * S)], topo, nodes=nodes)
+    return assess(F, R, S, [nodes[rank // G] for rank in range(F * R * S * P * T)], topo, nodes=nodes, P=P, T=T)
 
 
 def _name_key(node: str) -> list:
@@ -76,28 +90,38 @@ def _name_key(node: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", node) if part]
 
 
-def communicators(F: int, R: int, S: int) -> dict[str, list[list[tuple]]]:
-    """The (f, r, s) members of every shard, replicate and federation group; in FL+HSDP only replica 0 of
-    each group averages across groups (train.federated)."""
-    return {"shard": [[(f, r, s) for s in range(S)] for f in range(F) for r in range(R)],
-            "replicate": [[(f, r, s) for r in range(R)] for f in range(F) for s in range(S)],
-            "federation": [[(f, 0, s) for f in range(F)] for s in range(S)]}
+def communicators(F: int, R: int, S: int, P: int = 1, T: int = 1) -> dict[str, list[list[tuple]]]:
+    """The (f, r, s, p, t) members of every shard, replicate, federation, pipeline and tensor-parallel group; in
+    FL+HSDP only replica 0 of each group averages across groups (train.federated)."""
+    mp = [(p, t) for p in range(P) for t in range(T)]
+    return {"shard": [[(f, r, s, p, t) for s in range(S)] for f in range(F) for r in range(R) for p, t in mp],
+            "replicate": [[(f, r, s, p, t) for r in range(R)] for f in range(F) for s in range(S) for p, t in mp],
+            "federation": [[(f, 0, s, p, t) for f in range(F)] for s in range(S) for p, t in mp],
+            "pipeline": [[(f, r, s, p, t) for p in range(P)] for f in range(F) for r in range(R) for s in range(S)
+                         for t in range(T)],
+            "tensor": [[(f, r, s, p, t) for t in range(T)] for f in range(F) for r in range(R) for s in range(S)
+                       for p in range(P)]}
 
 
-def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list[str] | None = None) -> Placement:
+BANDWIDTH_KEYS = {"shard": "B_S", "replicate": "B_R", "federation": "B_F", "pipeline": "B_P", "tensor": "B_T"}
+HIERARCHY = ("B_T", "B_P", "B_S", "B_R", "B_F")  # fastest first: the order the links must honour
+
+
+def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list[str] | None = None, P: int = 1,
+           T: int = 1) -> Placement:
     """Per-level bottlenecks of a given rank -> host map (a plan, or where a finished run really ran)."""
-    world = F * R * S
-    grid = [coords(rank, F, R, S) for rank in range(world)]
-    idx = {c: rank for rank, c in enumerate(grid)}
+    dims = Dims(F, R, S, P, T)
+    grid = [dims.coords(rank) for rank in range(dims.world)]
 
     def worst(groups) -> float | None:
-        levels = [topo.lca_level({hosts[idx[c]] for c in group}) for group in groups if len(group) > 1]
+        levels = [topo.lca_level({hosts[dims.rank(c)] for c in group}) for group in groups if len(group) > 1]
         return topo.link(max(levels)) if levels else None
 
-    bandwidth = {key: worst(g) for key, g in zip(("B_S", "B_R", "B_F"), communicators(F, R, S).values())}
-    present = [b for b in bandwidth.values() if b is not None]
+    bandwidth = {BANDWIDTH_KEYS[kind]: worst(g) for kind, g in communicators(F, R, S, P, T).items()}
+    present = [bandwidth[k] for k in HIERARCHY if bandwidth[k] is not None]
     ok = all(a >= b for a, b in zip(present, present[1:]))
-    group_hosts = [{hosts[r] for r in range(f * R * S, (f + 1) * R * S)} for f in range(F)]
+    per_group = dims.world // F
+    group_hosts = [{hosts[r] for r in range(f * per_group, (f + 1) * per_group)} for f in range(F)]
     return Placement(nodes=nodes or list(dict.fromkeys(hosts)), hosts=hosts, coords=grid,
                      group_levels=[topo.lca_level(h) for h in group_hosts], bandwidth=bandwidth, hierarchy_ok=ok)
 

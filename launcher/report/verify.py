@@ -18,7 +18,7 @@ def achieved(result: RunResult, topo: Topology) -> dict:
     outside = sorted({h for h in hosts if h not in topo.parent})
     if outside:
         return {"unverifiable": f"ran on {', '.join(outside[:3])}, not in the topology"}
-    p = allocate.assess(result.F, result.R, result.S, hosts, topo)
+    p = allocate.assess(result.F, result.R, result.S, hosts, topo, P=result.pp, T=result.tp)
     return {**p.bandwidth, "hierarchy_ok": p.hierarchy_ok}
 
 

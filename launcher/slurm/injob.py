@@ -23,7 +23,7 @@ def placed_rank(spec: RunSpec, topo: topology.Topology, G: int, environ=os.envir
     unknown = [n for n in allocated if n not in topo.parent]
     if unknown:
         raise ConfigError(f"allocated node(s) {', '.join(unknown[:3])} are not in the saved topology")
-    placement = allocate.place(spec.F, spec.R, spec.S, G, topo, usable=allocated)
+    placement = allocate.place(spec.F, spec.R, spec.S, G, topo, usable=allocated, P=spec.train.pp, T=spec.train.tp)
     me, local = environ["SLURMD_NODENAME"], int(environ["SLURM_LOCALID"])
     mine = [rank for rank, host in enumerate(placement.hosts) if host == me]
     if local >= len(mine):

@@ -1,0 +1,112 @@
+"""Tensor and pipeline parallelism (train.tp, train.pp) under each strategy, on real gloo processes.
+
+Every step's loss, and every parameter after the last step, against the single-process reference of the same
+global batches (tests/reference.py), which the tp = pp = 1 runs of each strategy match to 1e-5
+(tests/test_parity.py): so a run with tp = 2, pp = 2 or both matches its tp = pp = 1 counterpart.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.reference import Reference
+from tests.support import clean_env, losses
+from train.local_ranks import run_ranks
+from train.loop import Trainer
+from train.result import RunResult
+from train.spec import RunSpec
+
+STEPS = 6
+TOL = 1e-5
+
+
+def _worker(rank, world, spec_dict):
+    spec = RunSpec.from_dict(spec_dict)
+    trainer = Trainer(spec, rank, "cpu")
+    trainer.restore()
+    ref = Reference(spec)
+    f, _, _, p, t = trainer.coord
+    losses, ref_losses = [], []
+    for i in range(STEPS):
+        losses.append(trainer.step(i).item())
+        ref_losses.append(ref.step(i)[f])
+    mine = dict(ref.models[f].named_parameters())
+    worst = max((param.full_tensor() - mine[name]).abs().max().item()
+                for name, param in trainer.model.named_parameters())
+    last = p == spec.train.pp - 1
+    split = sorted(n for n, q in trainer.model.named_parameters() if "tp" in q.device_mesh.mesh_dim_names
+                   and q.placements[q.device_mesh.mesh_dim_names.index("tp")].is_shard())
+    return {"coord": trainer.coord, "data_rank": trainer.data_rank, "loss": losses if last else None,
+            "ref": ref_losses, "param_diff": worst, "names": sorted(n for n, _ in trainer.model.named_parameters()),
+            "tp_split": split}
+
+
+def _spec(strategy, F, R, S, A=None, **train):
+    return {"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "out_dir": "/nonexistent",
+            "model": {"preset": "tiny"},
+            "train": {"steps": STEPS, "seq_len": 16, "batch_per_rank": 2, "lr": 1e-3, "eps": 1e-6, "warmup_frac": 0.1,
+                      **train}}
+
+
+LAYOUTS = {"fsdp": ("fsdp", 1, 1, 2), "hsdp": ("hsdp", 1, 2, 1), "fl_fsdp": ("fl_fsdp", 2, 1, 1, 2),
+           "fl_hsdp": ("fl_hsdp", 2, 2, 1, 2)}
+SPLIT = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                       "lm_head"))
+AXES = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "tp2_pp2": {"tp": 2, "pp": 2}}
+
+
+@pytest.mark.parametrize("axes", list(AXES))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_model_parallel_matches_reference(layout, axes):
+    spec = _spec(*LAYOUTS[layout], **AXES[axes])
+    world = RunSpec.from_dict(spec).world_size
+    outs = run_ranks(_worker, world, spec)
+    group = spec["R"] * spec["S"]
+    for f in range(spec["F"]):
+        mine = [o["loss"] for o in outs if o["loss"] is not None and o["coord"][0] == f]
+        measured = [sum(step) / len(step) for step in zip(*mine)]  # the group's mean over its data ranks (x tp)
+        assert len(mine) == group * spec["train"].get("tp", 1)
+        expected = outs[0]["ref"] if f == 0 else next(o["ref"] for o in outs if o["coord"][0] == f)
+        rel = max(abs(a - b) / abs(b) for a, b in zip(measured, expected))
+        print(f"{layout} {axes} group {f}: loss rel diff {rel:.2e}")
+        assert rel <= TOL, f"{layout} {axes}: group {f}'s loss differs from the reference by {rel:.2e} (relative)"
+    worst = max(o["param_diff"] for o in outs)
+    assert worst <= TOL, f"{layout} {axes}: max |param - reference| = {worst:.3e} after {STEPS} steps"
+    # tp = 2: every matrix of the blocks and lm_head is split over the tensor-parallel group, nothing else
+    for o in outs:
+        expected = [n for n in o["names"] if spec["train"].get("tp", 1) > 1 and n.endswith(SPLIT)]
+        assert o["tp_split"] == expected and (expected or spec["train"].get("tp", 1) == 1)
+    if spec["train"].get("pp", 1) > 1:  # the stages hold the model between them, under its own names
+        stages = {tuple(o["names"]) for o in outs}
+        assert len(stages) == 2 and not set(min(stages)) & set(max(stages))
+
+
+def _torchrun(spec: dict, tmp_path, name: str, entry=("train",)) -> subprocess.Popen:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({**spec, "out_dir": str(tmp_path / name)}))
+    world = RunSpec.from_dict(spec).world_size
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "-m",
+                             *entry, str(path)], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
+    """FL+FSDP with tp = 2 and pp = 2 (8 ranks) through `python -m train`: stopped by the scheduler's signal
+    after step 10, between two FedAvgs (every group's model and optimizer saved apart), it resumes to the
+    losses of an uninterrupted run, bit for bit; result.json records the layout."""
+    spec = _spec("fl_fsdp", 2, 1, 1, A=4, tp=2, pp=2, microbatches=2, pp_schedule="gpipe", steps=16, log_every=4,
+                 stop_check_every=1, eval_every=8)
+    reference = _torchrun(spec, tmp_path, "reference")
+    assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
+    stopped = _torchrun(spec, tmp_path, "stopped", entry=["tests.stop_at_step", "10"])
+    assert stopped.wait(timeout=600) != 0 and "after step 10" in stopped.stderr.read()
+    resumed = _torchrun(spec, tmp_path, "stopped")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-2000:]
+    result = RunResult.load(tmp_path / "stopped" / "result.json")
+    assert result.resumed_from_step == 10 and (result.tp, result.pp, result.microbatches) == (2, 2, 2)
+    assert result.run_id == "fl_fsdp-F2-R1-S1-A4-P2-T2" and result.world_size == 8
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "reference")
+    ref = RunResult.load(tmp_path / "reference" / "result.json")
+    assert [e[2] for e in result.eval_history] == [e[2] for e in ref.eval_history]
+    assert result.tokens == ref.tokens == 16 * 2 * 2 * 16  # steps x data ranks x batch x seq_len
