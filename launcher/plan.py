@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from launcher import shrink
 from launcher.errors import ConfigError
-from launcher.placement import allocate, topology
+from launcher.placement import allocate, memory, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
 from launcher.placement.steptime import StepTime
@@ -57,6 +57,7 @@ class PlanEntry:
     predicted_speedup_over_fsdp: float | None
     compute_source: str
     checkpoint_bytes: int
+    memory_per_device: dict               # bytes at the peak, by kind (launcher.placement.memory)
     resources: dict
     sbatch: str | None  # SLURM clusters only
 
@@ -151,10 +152,39 @@ def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | N
 
 
 def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:
-    """The step time of `run`'s model and batch in `layout` = (strategy, F, R, S, A) placed as `placement`."""
+    """The step time of `run`'s model and global batch in `layout` = (strategy, F, R, S, A[, pp, tp]) placed as
+    `placement`: the run's own pp and tp and microbatches when the layout names none; else the global batch
+    spread over the layout's F x R x S data-parallel ranks, in one microbatch per sequence under pp."""
     t = run.spec.train
-    return predictor.step(*layout, run.spec.model.llama_kwargs, comm_model(run), t.batch_per_rank, t.seq_len,
-                          t.precision, t.timing, placement)
+    if len(layout) == 5:
+        P, T, batch, micro = t.pp, t.tp, t.batch_per_rank, t.n_microbatches
+    else:
+        P, T = layout[5:]
+        batch = run.spec.dims.dp_world * t.batch_per_rank / (layout[1] * layout[2] * layout[3])
+        micro = max(P, round(batch)) if P > 1 else 1
+    return predictor.step(*layout[:5], run.spec.model.llama_kwargs, comm_model(run), batch, t.seq_len,
+                          t.precision, t.timing, placement, P, T, micro)
+
+
+def memory_of(run: Run, layout: tuple | None = None) -> memory.Memory:
+    """Bytes per device of `run`, or of its model and global batch in `layout` (as step_of spreads it)."""
+    m = memory.layout_of(run.spec)
+    if layout is not None:
+        strategy, F, R, S, A, P, T = layout
+        batch = run.spec.dims.dp_world * run.spec.train.batch_per_rank / (F * R * S)
+        m = replace(m, S=S, P=P, T=T, batch=batch, microbatches=max(P, round(batch)) if P > 1 else 1,
+                    federated=F > 1, outer_copy=m.outer_copy and F > 1)
+    return memory.per_device(run.spec.model.llama_kwargs, m)
+
+
+def parallel_choices(run: Run, G: int) -> list[tuple[int, int]]:
+    """(pp, tp) pairs the ranking tries: tp a power of two dividing G and the heads, pp a power of two up to
+    the layers and 8 stages."""
+    kwargs = run.spec.model.llama_kwargs
+    heads, layers = kwargs["num_attention_heads"], kwargs["num_hidden_layers"]
+    kv = kwargs.get("num_key_value_heads") or heads
+    tps = [t for t in (1, 2, 4, 8) if G % t == 0 and heads % t == 0 and kv % t == 0]
+    return [(p, t) for p in (1, 2, 4, 8) if p <= layers for t in tps]
 
 
 def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology, usable: list[str],
@@ -165,8 +195,8 @@ def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology,
     first = {run.nodes: run for run in reversed(runs)}  # the first run at each node count gives the model
     out = {}
     for n, run in first.items():
-        layout = ("fsdp", 1, 1, n * G, None)
-        placement, comm = planner.price(*layout, G, comm_model(run), topo, usable)
+        layout = ("fsdp", 1, 1, n * G, None, 1, 1)
+        placement, comm = planner.price(*layout[:5], G, comm_model(run), topo, usable)
         out[n] = comm, step_of(predictor, run, layout, placement)
     return out
 
@@ -199,10 +229,32 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
         compute_source=step.compute_source,
         checkpoint_bytes=checkpoint_bytes(model.params, spec.F, spec.train.precision,
                                           spec.train.average_optimizer_state),
+        memory_per_device=memory_of(run).to_dict(),
         resources=redacted(resources(cluster, planned)),
         sbatch="\n".join(map(redact, sbatch_text(cluster, planned, folder).split("\n")))
         if cluster.executor == "slurm" else None,
     )
+
+
+def layout_name(row: dict) -> str:
+    """fl_hsdp (F,R,S)=(2,64,4) A=32 pp=2 tp=2, as the ranking prints a layout."""
+    A = f" A={row['A']}" if row["A"] else ""
+    mp = "".join(f" {k}={row[k]}" for k in ("pp", "tp") if row[k] > 1)
+    return f"{row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}{mp}"
+
+
+def check_memory(settings: Settings, runs: list[Run]) -> None:
+    """Refuse, before anything is submitted, a run whose devices cannot hold it (cluster.gpu_memory_GB)."""
+    capacity = settings.cluster.gpu_memory_GB
+    if not capacity:
+        return
+    for run in runs:
+        need = memory_of(run)
+        if need.total > capacity * GB:
+            parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in need.to_dict().items() if k != "total")
+            raise ConfigError(f"{run.run_id} needs {human_bytes(need.total)} per device ({parts}) but a device has "
+                              f"{capacity:g} GB (cluster.gpu_memory_GB): shard more (S), split the model "
+                              f"(train.tp, train.pp) or set train.activation_checkpointing=true")
 
 
 def human_bytes(n: float) -> str:
@@ -233,14 +285,19 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     runs = expand(settings) if runs is None else runs
     if settings.retry_shrink:
         shrink.check(runs)
+    check_memory(settings, runs)
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
     topo, source, usable, planned, nodes = place_runs(settings, runs)
     predictor = Predictor(settings, topo)
     fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
     entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor) for p in planned]
     widest = max(runs, key=lambda r: r.nodes)
-    ranking = planner.rank_layouts(widest.nodes, settings.cluster.gpus_per_node, comm_model(widest), topo, usable,
-                                   step=lambda layout, placement: step_of(predictor, widest, layout, placement).step_s)
+    G, capacity = settings.cluster.gpus_per_node, settings.cluster.gpu_memory_GB
+    ranking = planner.rank_layouts(widest.nodes, G, comm_model(widest), topo, usable,
+                                   step=lambda layout, placement: step_of(predictor, widest, layout, placement).step_s,
+                                   parallel=parallel_choices(widest, G),
+                                   memory=lambda layout: memory_of(widest, layout).total,
+                                   capacity=capacity * GB if capacity else None)
     network = predictor.network.source
     write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
     path = settings.sweep_dir / "plan.json"
@@ -260,7 +317,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     width = max(28, *(len(e.run_id) for e in entries))
     print(f"  {'run':<{width}} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  {'paper comm':>10} "
           f"{'less comm than FSDP':>19}  {'compute':>8} {'comm':>8} {'step (s)':>9} {'tokens/s':>9} "
-          f"{'faster than FSDP':>16}  checkpoint")
+          f"{'faster than FSDP':>16}  checkpoint  memory/device")
     for e in entries:
         bw = "/".join(_gbps(e.bandwidth[k]) for k in ("B_S", "B_R", "B_F"))
         ratio = oriented(1 / e.predicted_ratio_to_fsdp, "more") if e.predicted_ratio_to_fsdp else "-"
@@ -270,16 +327,17 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         print(f"  {e.run_id:<{width}} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
               f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>9.3g}s  {ratio:>19}  "
               f"{compute:>8} {comm:>8} {e.predicted_step_s:>9.3g} {e.predicted_tokens_per_s:>9,.0f} {speedup:>16}  "
-              f"{human_bytes(e.checkpoint_bytes):>9}" + (f"  {e.note}" if e.note else ""))
+              f"{human_bytes(e.checkpoint_bytes):>9}  {human_bytes(e.memory_per_device['total']):>12}"
+              + (f"  {e.note}" if e.note else ""))
     print(f"  paper comm and less comm: the paper's formulas at nominal bandwidth; compute, comm, step, tokens/s and "
           f"faster: the step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "
           f"overlap) with {network}, compute {entries[0].compute_source}")
     print(f"fastest layouts on {widest.nodes} nodes (predicted step time):")
     for row in ranking[:5]:
-        A = f" A={row['A']}" if row["A"] else ""
-        print(f"  {row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}: "
-              f"{row['predicted_step_s']:.3g} s/step, {oriented(row['speedup_over_fsdp'], 'slower', 'faster')} "
-              f"than FSDP; comm {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP")
+        print(f"  {layout_name(row)}: {row['predicted_step_s']:.3g} s/step, "
+              f"{oriented(row['speedup_over_fsdp'], 'slower', 'faster')} than FSDP; comm "
+              f"{oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP; "
+              f"{human_bytes(row['memory_per_device_bytes'])} per device" + ("" if row["fits"] else " (does NOT fit)"))
     close = close_to_best(ranking)
     if close > 1:
         print(f"  no clear winner: the {close} fastest layouts are within ±{TOLERANCE:.0%} of the fastest, the "

@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement
 from launcher.placement.costmodel import LLAMA_KEYS, Model
-from launcher.placement.steptime import Compute, Network, Shapes, StepTime, load, step_time, sync_seconds
+from launcher.placement.steptime import Compute, ModelParallel, Network, Shapes, StepTime, load, step_time, sync_seconds
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
 
@@ -49,23 +49,31 @@ class Predictor:
                         else Network.nominal(topo.bandwidth))
 
     def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str) -> Compute | None:
-        """Measured by the probe for this (model, batch, precision), else estimated from peak_flops, else None."""
-        wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, batch, seq_len, precision)
+        """Measured by the probe for this (model, seq_len, precision), at this batch or scaled in proportion from
+        the probe's (a tensor- or pipeline-parallel layout keeps the global batch on fewer data-parallel ranks,
+        so each has more), else estimated from peak_flops, else None."""
+        wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, seq_len, precision)
         for w in (self.probe or {}).get("compute", []):
-            have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["batch_per_rank"], w["seq_len"], w["precision"])
+            have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["seq_len"], w["precision"])
             if have == wanted:
                 L = llama_kwargs["num_hidden_layers"]
-                per = {k: w["root"][k] + L * w["layer"][k] for k in w["root"]}
-                return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], "measured by the probe")
+                scale = batch / w["batch_per_rank"]
+                per = {k: (w["root"][k] + L * w["layer"][k]) * (scale if k != "optimizer_s" else 1) for k in w["root"]}
+                source = "measured by the probe" + (f", scaled from batch {w['batch_per_rank']}" if scale != 1 else "")
+                return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], source)
         if self.cluster.peak_flops:
             return Compute.estimated(llama_kwargs, batch, seq_len, self.cluster.peak_flops)
         return None
 
     def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
-             batch: int, seq_len: int, precision: str, timing: str, placement: Placement) -> StepTime:
-        """A probe written before barriers were timed prices them at nothing."""
+             batch: int, seq_len: int, precision: str, timing: str, placement: Placement, P: int = 1, T: int = 1,
+             microbatches: int = 1) -> StepTime:
+        """`batch`: sequences per data-parallel rank. A probe written before barriers were timed prices them at
+        nothing."""
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
-        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, load(placement, F, R, S, self.topo),
-                         self.network, self.compute(llama_kwargs, batch, seq_len, precision),
-                         overlap=self.cluster.device == "cuda",
-                         sync_s=sync_seconds(barrier_s, timing == "phases", F, A))
+        mp = ModelParallel(P, T, microbatches, batch * seq_len, llama_kwargs["hidden_size"],
+                           llama_kwargs["vocab_size"])
+        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model,
+                         load(placement, F, R, S, self.topo, P, T), self.network,
+                         self.compute(llama_kwargs, batch, seq_len, precision), overlap=self.cluster.device == "cuda",
+                         sync_s=sync_seconds(barrier_s, timing == "phases", F, A), mp=mp)

@@ -38,6 +38,7 @@ class Cluster:
     time_min: int
     max_ranks: int | None = None
     peak_flops: float | None = None
+    gpu_memory_GB: float | None = None  # each device's memory: a layout that cannot fit is refused (null: no check)
     probe: str | None = None      # a probe.json for the step-time model (launcher.prediction)
     partition: str | int | None = None
     account: str | int | None = None
@@ -90,6 +91,10 @@ class Cluster:
                 raise ConfigError(f"cluster.sbatch_extra.{key} must be a single value, got {redact(repr(value))}")
         commands = [_one_command(line, f"cluster.setup[{i}]") for i, line in enumerate(self.setup)]
         self.setup = [command for command in commands if command]
+        if self.gpu_memory_GB is not None and not (isinstance(self.gpu_memory_GB, (int, float))
+                                                   and not isinstance(self.gpu_memory_GB, bool)
+                                                   and self.gpu_memory_GB > 0):
+            raise ConfigError(f"cluster.gpu_memory_GB must be a number > 0 or null, got {self.gpu_memory_GB!r}")
         if self.topology not in ("auto", "live", "ideal"):
             raise ConfigError(f"cluster.topology must be auto, live or ideal, got {self.topology!r}")
         if self.placement not in PLACEMENTS:

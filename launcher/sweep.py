@@ -90,6 +90,13 @@ def _node_counts(settings: Settings) -> list[int]:
     return out
 
 
+def per_pipeline(train: dict, tp: int, pp: int) -> dict:
+    """The train settings of a run with these degrees. train.batch_per_rank counts sequences per GPU, as in the
+    paper; a data-parallel rank of tp x pp GPUs takes tp x pp times as many, so every layout on the same GPUs
+    trains the same global batch."""
+    return {**train, "tp": tp, "pp": pp, "batch_per_rank": train.get("batch_per_rank", 1) * tp * pp}
+
+
 def _degrees(values: list | None, key: str, settings: Settings) -> list[int]:
     """sweep.tp / sweep.pp, or the train setting when the sweep does not vary it."""
     values = [settings.train.get(key, 1)] if values is None else values
@@ -150,7 +157,7 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
         raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
                           f"at most {cluster.max_ranks} (cluster.max_ranks)")
     raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "pending", "model": settings.model,
-           "data": settings.data, "train": {**settings.train, "tp": tp, "pp": pp}, "device": cluster.device,
+           "data": settings.data, "train": per_pipeline(settings.train, tp, pp), "device": cluster.device,
            "backend": cluster.backend, "peak_flops": cluster.peak_flops}
     try:
         spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final

@@ -27,8 +27,8 @@ def test_captured_cluster_avoids_down_and_drained_nodes_and_keeps_groups_low():
     assert "lrdn0015" not in p.nodes and "lrdn0016" not in p.nodes
     assert p.group_levels == [0, 0, 0]  # each federation group fills one leaf switch
     # leaf01 and leaf02 share cell1, leaf03 is in cell2: federation traffic crosses the spine.
-    assert p.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 6e9} and p.hierarchy_ok
-    assert p.hosts[:4] == ["lrdn0001"] * 4 and p.coords[5] == (0, 1, 1)
+    assert p.bandwidth == {"B_T": None, "B_P": None, "B_S": 240e9, "B_R": 25e9, "B_F": 6e9} and p.hierarchy_ok
+    assert p.hosts[:4] == ["lrdn0001"] * 4 and p.coords[5] == (0, 1, 1, 0, 0)
     assert p.hostfile().splitlines() == p.hosts
 
 
@@ -52,12 +52,12 @@ def test_slurm_order_is_name_order_across_leaves_as_on_the_testbed():
                                    Switch("spine", 1, 1, ["tb1", "tb2", "tb3", "tb4"], ["leaf1", "leaf2"], {})])
     topo.with_bandwidth([3.0, 2.0, 1.0], "bw")
     placed = allocate.place(2, 2, 2, 2, topo)  # FL+HSDP: each federation group under one leaf
-    assert placed.hosts[:4] == ["tb2", "tb2", "tb4", "tb4"] and placed.bandwidth == {"B_S": 3.0, "B_R": 2.0,
-                                                                                     "B_F": 1.0}
+    assert placed.hosts[:4] == ["tb2", "tb2", "tb4", "tb4"]
+    assert placed.bandwidth == {"B_T": None, "B_P": None, "B_S": 3.0, "B_R": 2.0, "B_F": 1.0}
     slurm = allocate.in_slurm_order(placed, 2, 2, 2, 2, topo)
     assert slurm.nodes == ["tb1", "tb2", "tb3", "tb4"] and slurm.hosts[:4] == ["tb1", "tb1", "tb2", "tb2"]
     # Replicas now cross the spine and the federation stays in a leaf: B_R < B_F, the paper's situation.
-    assert slurm.bandwidth == {"B_S": 3.0, "B_R": 1.0, "B_F": 2.0} and not slurm.hierarchy_ok
+    assert slurm.bandwidth == {"B_T": None, "B_P": None, "B_S": 3.0, "B_R": 1.0, "B_F": 2.0} and not slurm.hierarchy_ok
     assert sorted(["n10", "n9", "n1"], key=allocate._name_key) == ["n1", "n9", "n10"]
 
 
@@ -101,19 +101,19 @@ def test_plan_from_a_snapshot_directory(tmp_path):
     # lrdn0001 is MIXED and this capture (no -d) does not say how many of its GPUs are in use: it is not
     # planned on, so leaf01 holds 3 free nodes and the two groups of 4 go to leaf02 and leaf03, across the spine.
     assert not {"lrdn0001", "lrdn0015", "lrdn0016"} & set(fl_hsdp.nodes)
-    assert fl_hsdp.bandwidth == {"B_S": 240e9, "B_R": 25e9, "B_F": 6e9}
+    assert fl_hsdp.bandwidth == {"B_T": None, "B_P": None, "B_S": 240e9, "B_R": 25e9, "B_F": 6e9}
     assert 0 < fl_hsdp.predicted_ratio_to_fsdp < 1
     plan_json = json.loads((tmp_path / "leonardo" / "paper_table3" / "plan.json").read_text())
     assert plan_json["nodes"]["excluded"] == {"down or drained": 2, "GPU use unknown (MIXED without GresUsed: "
                                               "capture with `scontrol -d -o show node`)": 1}
     on_disk = plan_json["runs"]
     assert on_disk == [e.to_json() for e in entries]
-    assert list(on_disk[0]) == ["run_id", "strategy", "F", "R", "S", "A", "world_size", "gpus_per_node", "model",
-                                "model_params", "train", "note", "nodes", "hostfile", "coords", "bandwidth",
+    assert list(on_disk[0]) == ["run_id", "strategy", "F", "R", "S", "A", "tp", "pp", "world_size", "gpus_per_node",
+                                "model", "model_params", "train", "note", "nodes", "hostfile", "coords", "bandwidth",
                                 "group_levels", "hierarchy_ok", "predicted_comm_s", "predicted_ratio_to_fsdp",
                                 "predicted_step_s", "predicted_step_bounds_s", "predicted_compute_s",
                                 "predicted_comm_by_group_s", "predicted_tokens_per_s", "predicted_speedup_over_fsdp",
-                                "compute_source", "checkpoint_bytes", "resources", "sbatch"]
+                                "compute_source", "checkpoint_bytes", "memory_per_device", "resources", "sbatch"]
 
 
 # ---------------------------------------------------------------- properties on random trees
@@ -192,7 +192,8 @@ def test_placement_properties(topo, F, R, G, S_mult):
         levels = [lowest_common_level(g) for g in groups if len(g) > 1]
         return topo.bandwidth[max(levels) + 1] if levels else None
 
-    expected = {"B_S": worst([[rank(f, r, s) for s in range(S)] for f in range(F) for r in range(R)]),
+    expected = {"B_T": None, "B_P": None,
+                "B_S": worst([[rank(f, r, s) for s in range(S)] for f in range(F) for r in range(R)]),
                 "B_R": worst([[rank(f, r, s) for r in range(R)] for f in range(F) for s in range(S)]),
                 "B_F": worst([[rank(f, 0, s) for f in range(F)] for s in range(S)])}  # replica 0 averages
     assert p.bandwidth == expected

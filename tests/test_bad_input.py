@@ -232,6 +232,24 @@ CASES = [
     ("probe-iters-zero", launcher("action=probe", "probe.iters=0"), "probe.iters must be an integer >= 1, got 0",
      None),
     ("probe-unknown-key", launcher("action=probe", "+probe.sizes=4"), "unknown probe key(s): sizes", None),
+    # ---- tensor and pipeline parallelism, and memory (refused while planning)
+    ("tp-crosses-node", launcher("train.tp=3"), "train.tp=3 does not divide the 2 GPUs of a node: a tensor-parallel "
+                                                "group must fit inside one node", None),
+    ("tp-splits-heads", launcher("model=mini", "train.tp=2"), "train.tp=2 does not divide the model's 3 KV heads",
+     None),
+    ("pp-more-than-layers", launcher("model=tiny", "train.pp=4"), "train.pp=4 stages but the model has only 2 layers",
+     None),
+    ("microbatches-fewer-than-stages", launcher("train.pp=2", "train.microbatches=1"),
+     "train.microbatches=1 is fewer than train.pp=2 stages", None),
+    ("batch-not-in-microbatches", launcher("train.pp=2", "train.microbatches=3"),
+     "the 8 sequences of a data-parallel rank (train.batch_per_rank; the launcher multiplies it by tp x pp) do not "
+     "divide into 3 microbatches", None),
+    ("layout-exceeds-memory", launcher("cluster.gpu_memory_GB=0.001"), "fsdp-F1-R1-S4 needs 2.91 MB per device "
+     "(state 419 kB, gathered 854 kB, activations 1.64 MB, buffers 0 B) but a device has 0.001 GB "
+     "(cluster.gpu_memory_GB)", None),
+    ("shrink-with-model-parallel", launcher("retry_shrink=true", "train.checkpoint_every=2", "train.tp=2"),
+     "retry_shrink=true resumes on fewer nodes by changing F, R or S, which a run with train.tp or train.pp > 1 "
+     "(fsdp-F1-R1-S2-T2) cannot do yet", None),
     ("outer-unknown", launcher("train.outer=adam"), "train.outer must be one of fedavg, diloco, got 'adam'", None),
     ("outer-lr-zero", launcher("train.outer_lr=0"), "train.outer_lr must be a number > 0, got 0", None),
     ("outer-momentum-one", launcher("train.outer_momentum=1"), "train.outer_momentum must be in [0, 1), got 1", None),

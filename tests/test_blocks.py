@@ -38,7 +38,8 @@ def test_the_nvl72_plan_keeps_replicas_in_a_rack_and_asks_for_segments(tmp_path)
         params = slurm_parameters(settings.cluster, p)
         assert "switches" not in params.get("additional_parameters", {})  # a tree option; blocks take --segment
     fl_hsdp = planned[3].placement  # (16, 8, 4): a federation group of 8 nodes per half rack
-    assert fl_hsdp.bandwidth == {"B_S": 900e9, "B_R": 900e9, "B_F": 50e9} and set(fl_hsdp.group_levels) == {0}
+    assert fl_hsdp.bandwidth == {"B_T": None, "B_P": None, "B_S": 900e9, "B_R": 900e9, "B_F": 50e9}
+    assert set(fl_hsdp.group_levels) == {0}
     assert slurm_parameters(settings.cluster, planned[3])["additional_parameters"]["segment"] == 8
 
 
@@ -66,7 +67,8 @@ def test_the_25_11_block_capture_plans_with_segments(tmp_path):
                         f"results_dir={tmp_path}"])
     _, _, _, planned, _ = place_runs(settings, expand(settings))
     p = planned[0]  # fl_hsdp (2, 2, 4): each group of 2 nodes in one 2-node block
-    assert p.placement.hierarchy_ok and p.placement.bandwidth == {"B_S": 200e9, "B_R": 100e9, "B_F": 25e9}
+    assert p.placement.hierarchy_ok
+    assert p.placement.bandwidth == {"B_T": None, "B_P": None, "B_S": 200e9, "B_R": 100e9, "B_F": 25e9}
     assert slurm_parameters(settings.cluster, p)["additional_parameters"]["segment"] == 2
 
 

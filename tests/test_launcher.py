@@ -42,7 +42,7 @@ def test_leonardo_paper_table3_plan_is_the_papers_four_runs(tmp_path):
     for r in plan["runs"]:
         assert r["model"] == {"preset": "llama3_8b"} and len(r["nodes"]) == 128 and r["model_params"] == 8_030_261_248
         assert len(r["hostfile"]) == 512 and len(r["coords"]) == 512 and r["hierarchy_ok"]
-        assert set(r["bandwidth"]) == {"B_S", "B_R", "B_F"} and r["predicted_comm_s"] > 0
+        assert set(r["bandwidth"]) == {"B_T", "B_P", "B_S", "B_R", "B_F"} and r["predicted_comm_s"] > 0
         assert r["train"] == {"steps": 64, "seq_len": 2048, "batch_per_rank": 2, "lr": 3e-4, "precision": "paper"}
         assert r["resources"]["ntasks_per_node"] == 4 and r["resources"]["gpus_per_node"] == 4
     assert "fl_hsdp-F16-R8-S4-A8" in proc.stdout

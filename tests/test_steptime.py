@@ -6,7 +6,16 @@ from launcher.placement import topology
 from launcher.placement.allocate import assess, place
 from launcher.placement.costmodel import Model, llama_params
 from launcher.placement.levels import traffic
-from launcher.placement.steptime import PHASE_BARRIERS, Compute, Network, Shapes, load, step_time, sync_seconds
+from launcher.placement.steptime import (
+    PHASE_BARRIERS,
+    Compute,
+    ModelParallel,
+    Network,
+    Shapes,
+    load,
+    step_time,
+    sync_seconds,
+)
 from train.presets import PRESETS
 from train.spec import FEDAVG_CHUNK_BYTES
 
@@ -147,9 +156,11 @@ def test_slurm_rank_order_prices_the_fsdp_ring_over_the_trunk_twice():
 def test_load_of_placed_layouts():
     topo = _tree()
     fl = place(4, 1, 2, 2, topo)
-    assert load(fl, 4, 1, 2, topo) == {"shard": {-1: 1}, "replicate": {}, "federation": {0: 2, 1: 2}}
+    assert load(fl, 4, 1, 2, topo) == {"shard": {-1: 1}, "replicate": {}, "federation": {0: 2, 1: 2},
+                                       "pipeline": {}, "tensor": {}}
     fsdp = place(1, 1, 8, 2, topo)
-    assert load(fsdp, 1, 1, 8, topo) == {"shard": {0: 1, 1: 1}, "replicate": {}, "federation": {}}
+    assert load(fsdp, 1, 1, 8, topo) == {"shard": {0: 1, 1: 1}, "replicate": {}, "federation": {}, "pipeline": {},
+                                         "tensor": {}}
 
 
 def test_latency_per_ring_step_grows_with_the_communicator():
@@ -170,3 +181,29 @@ def test_world_barriers_are_priced_per_step_and_never_hidden():
         plain = _step("fsdp", 1, 1, 4, None, loads, overlap=overlap)
         synced = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, COMPUTE, overlap, sync_s=0.5)
         assert synced.step_s - plain.step_s == pytest.approx(0.5) and synced.comm_s["sync"] == 0.5
+
+
+def test_tensor_parallel_step_by_hand():
+    # tp = 2: the root keeps its embedding (50) whole and half its lm_head (25); each layer is 5 per rank.
+    # Per layer 4 all_reduces of a microbatch's activations (8 tokens x 2 hidden x 4 B = 64 B), one more for
+    # lm_head's input gradient, and the logits gathered (8 x 5 x 4 = 160 B), inside a node (1e3 B/s).
+    mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5)
+    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
+                  "tensor": {-1: 1}, "pipeline": {}}, NOMINAL, COMPUTE, overlap=False, mp=mp)
+    assert t.comm_s["tensor"] == pytest.approx(9 * 64 * 1.0 / 1e3 + 160 * 0.5 / 1e3)
+    assert t.comm_s["shard"] == pytest.approx(((75 + 2 * 2 * 5) * 4 + (75 + 2 * 5) * 4) * 0.75 / 100)
+    assert t.compute_s == pytest.approx(3.0 / 2 + 4.0 / (4 * 2))  # forward+backward / tp, optimizer / (S x tp)
+
+
+def test_pipeline_step_by_hand():
+    # pp = 2 with 2 microbatches: 3 slots, each sending a microbatch's activations (4 x 2 x 4 = 32 B) forward
+    # and their gradient back across a leaf (100 B/s); compute halved, then stretched by the bubble (2+2-1)/2.
+    mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
+    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
+                  "tensor": {}, "pipeline": {0: 1}}, NOMINAL, COMPUTE, overlap=True, mp=mp)
+    assert t.comm_s["pipeline"] == pytest.approx(2 * 3 * 32 / 100)
+    # one layer and the embedding per rank
+    assert t.comm_s["shard"] == pytest.approx(((50 + 2 * 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
+    assert t.compute_s == pytest.approx(3.0 / 2 * 3 / 2 + 4.0 / (4 * 2))
+    # nothing overlaps the pipeline's sends, even with FSDP's traffic hidden behind compute
+    assert t.full_overlap_s == pytest.approx(max(3.0 / 2 * 3 / 2, t.comm_s["shard"]) + 4.0 / 8 + t.comm_s["pipeline"])

@@ -139,8 +139,9 @@ class TrainConfig:
             raise SpecError(f"train.microbatches={self.microbatches} is fewer than train.pp={self.pp} stages: the "
                             f"pipeline would never fill; use at least {self.pp}")
         if self.batch_per_rank % self.n_microbatches:
-            raise SpecError(f"train.batch_per_rank={self.batch_per_rank} does not divide into "
-                            f"{self.n_microbatches} microbatches (train.microbatches)")
+            raise SpecError(f"the {self.batch_per_rank} sequences of a data-parallel rank (train.batch_per_rank; the "
+                            f"launcher multiplies it by tp x pp) do not divide into {self.n_microbatches} "
+                            f"microbatches (train.microbatches)")
         if self.target_ppl is not None and not (isinstance(self.target_ppl, (int, float)) and self.target_ppl > 1):
             raise SpecError(f"train.target_ppl must be a perplexity > 1 or null, got {self.target_ppl!r}")
 

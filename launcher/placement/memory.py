@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launcher.placement.steptime import Shapes
+from launcher.placement.steptime import Shapes, stage_params
 from train.spec import FEDAVG_CHUNK_BYTES, RunSpec
 
 STATE_BYTES = {"fp32": 16, "bf16": 16, "paper": 8}  # parameter + gradient + AdamW's two moments, per parameter
@@ -78,14 +78,6 @@ def layout_of(spec: RunSpec) -> Layout:
     return Layout(S=spec.S, P=t.pp, T=t.tp, batch=t.batch_per_rank, seq_len=t.seq_len, microbatches=t.n_microbatches,
                   schedule=t.pp_schedule, precision=t.precision, federated=spec.federated,
                   outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing)
-
-
-def stage_params(shapes: Shapes, P: int, T: int) -> tuple[float, float]:
-    """(root, layers) parameters one rank of the largest stage holds before FSDP shards them: the whole root
-    without pipeline stages (embedding + lm_head / tp), else the embedding of the first stage (the larger end)."""
-    half = shapes.root / 2  # embedding and lm_head, untied: vocabulary x hidden each
-    root = half + half / T if P == 1 else half
-    return root, math.ceil(shapes.layers / P) * shapes.layer / T
 
 
 def per_device(llama_kwargs: dict, layout: Layout) -> Memory:

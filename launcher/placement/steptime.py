@@ -13,6 +13,15 @@ A collective of `size` bytes on n ranks takes alpha + size x busfactor(n) x flow
 it crosses, where flows is how many of the layout's concurrent groups share that level's busiest link.
 - synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one at each phase
   boundary with train.timing=phases (PHASE_BARRIERS), one per FedAvg for the non-finite check (train.nonfinite).
+With tensor and pipeline parallelism (ModelParallel) a rank holds the largest stage's ceil(L / pp) layers, each
+split over tp ranks (stage_params), and the units above shrink accordingly; besides:
+- tensor group (tp ranks, one node): per layer and microbatch an all_reduce of the activations after attention
+  and after the MLP in forward, and two of their gradients in backward; lm_head gathers the logits (all_gather)
+  and all-reduces its input's gradient;
+- pipeline (pp stages): each of the m + pp - 1 slots of the schedule sends one microbatch's activations forward
+  and their gradient back, priced as a broadcast between two ranks on the level the stages cross;
+- compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
+Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
 """
 from __future__ import annotations
 
@@ -47,6 +56,26 @@ class Shapes:
                                 tie_word_embeddings=llama_kwargs.get("tie_word_embeddings", False))
         root = count(0)
         return cls(root, count(1) - root, llama_kwargs["num_hidden_layers"])
+
+
+@dataclass(frozen=True)
+class ModelParallel:
+    """What tensor and pipeline parallelism add to a step: degrees, microbatches and the activation shapes."""
+
+    P: int = 1
+    T: int = 1
+    microbatches: int = 1
+    tokens: int = 0  # per step of one data-parallel rank: batch x seq_len
+    hidden: int = 0
+    vocab: int = 0
+
+
+def stage_params(shapes: Shapes, P: int, T: int) -> tuple[float, float]:
+    """(root, layers) parameters one rank of the largest stage holds before FSDP shards them: the whole root
+    without pipeline stages (embedding + lm_head / tp), else the embedding of the first stage (the larger end)."""
+    half = shapes.root / 2  # embedding and lm_head, untied: vocabulary x hidden each
+    root = half + half / T if P == 1 else half
+    return root, -(-shapes.layers // P) * shapes.layer / T
 
 
 @dataclass(frozen=True)
@@ -136,11 +165,27 @@ class StepTime:
     compute_source: str
 
 
-def load(placement: Placement, F: int, R: int, S: int, topo: Topology) -> dict[str, dict[int, int]]:
+def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 1,
+         T: int = 1) -> dict[str, dict[int, int]]:
     """{group kind: {level: flows}} of a placed layout (levels.traffic of all its groups of that kind)."""
     rank = {c: r for r, c in enumerate(placement.coords)}
     return {kind: traffic([[placement.hosts[rank[c]] for c in g] for g in groups], topo)
-            for kind, groups in communicators(F, R, S).items()}
+            for kind, groups in communicators(F, R, S, P, T).items()}
+
+
+def model_parallel_seconds(mp: ModelParallel, stage_layers: int, act_b: float, net, loads: dict) -> dict:
+    """Seconds per step of the tensor-parallel and pipeline traffic (module docstring), activations in the
+    compute dtype (the parameters' all-gather dtype)."""
+    m = mp.microbatches
+    micro = mp.tokens / m * mp.hidden * act_b  # one microbatch's activations
+    tensor = pipeline = 0.0
+    if mp.T > 1:
+        per_micro = (4 * stage_layers + 1) * net("all_reduce", micro, mp.T, loads["tensor"])
+        per_micro += net("all_gather", mp.tokens / m * mp.vocab * act_b, mp.T, loads["tensor"])
+        tensor = m * per_micro
+    if mp.P > 1:
+        pipeline = 2 * (m + mp.P - 1) * net("broadcast", micro, 2, loads["pipeline"])
+    return {"tensor": tensor, "pipeline": pipeline}
 
 
 def sync_seconds(barrier_s: float, phases: bool, F: int, A: int | None) -> float:
@@ -151,12 +196,14 @@ def sync_seconds(barrier_s: float, phases: bool, F: int, A: int | None) -> float
 
 def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shapes, model: Model,
               loads: dict[str, dict[int, int]], network: Network, compute: Compute | None,
-              overlap: bool, sync_s: float = 0.0) -> StepTime:
+              overlap: bool, sync_s: float = 0.0, mp: ModelParallel = ModelParallel()) -> StepTime:
     """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `sync_s`:
-    world-wide barriers per step (sync_seconds), which nothing overlaps."""
+    world-wide barriers per step (sync_seconds), which nothing overlaps; `mp`: tensor and pipeline parallelism."""
     gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
     fedavg_b = model.fedavg_bytes_per_param or model.bytes_per_param
-    units = [shapes.root] + [shapes.layer] * shapes.layers
+    root, _ = stage_params(shapes, mp.P, mp.T)
+    stage_layers = -(-shapes.layers // mp.P)
+    units = [root] + [shapes.layer / mp.T] * stage_layers
     net = network.seconds
     shard = sum(net("all_gather", p * gather_b, S, loads["shard"]) * (1 if i == 0 else 2)
                 + net("reduce_scatter", p * grad_b, S, loads["shard"]) for i, p in enumerate(units))
@@ -170,12 +217,16 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
         federation += chunks * net("broadcast", shard_bytes / chunks, R, loads["replicate"])
         federation /= A
     comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
+    if mp.P * mp.T > 1:
+        comm |= model_parallel_seconds(mp, stage_layers, gather_b, net, loads)
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
     else:
-        hidden, source = compute.forward_s + compute.backward_s, compute.source
-        exposed_compute = compute.optimizer_s / S
-    no_overlap = hidden + exposed_compute + shard + replicate + federation + sync_s
-    full_overlap = max(hidden, shard + replicate) + exposed_compute + federation + sync_s
+        bubble = (mp.microbatches + mp.P - 1) / mp.microbatches
+        hidden, source = (compute.forward_s + compute.backward_s) / (mp.P * mp.T) * bubble, compute.source
+        exposed_compute = compute.optimizer_s / (S * mp.P * mp.T)
+    exposed = federation + sync_s + comm.get("tensor", 0.0) + comm.get("pipeline", 0.0)
+    no_overlap = hidden + exposed_compute + shard + replicate + exposed
+    full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed
     return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
                     full_overlap if overlap else no_overlap, source)
