@@ -334,9 +334,10 @@ def plan(settings: Settings, runs: list[Run] | None = None,
           f"overlap) with {network}, compute {entries[0].compute_source}")
     print(f"fastest layouts on {widest.nodes} nodes (predicted step time):")
     for row in ranking[:5]:
+        comm = (f"comm {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP" if row["ratio_to_fsdp"]
+                else "no traffic in the paper's formulas (which price no tensor or pipeline traffic)")
         print(f"  {layout_name(row)}: {row['predicted_step_s']:.3g} s/step, "
-              f"{oriented(row['speedup_over_fsdp'], 'slower', 'faster')} than FSDP; comm "
-              f"{oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP; "
+              f"{oriented(row['speedup_over_fsdp'], 'slower', 'faster')} than FSDP; {comm}; "
               f"{human_bytes(row['memory_per_device_bytes'])} per device" + ("" if row["fits"] else " (does NOT fit)"))
     close = close_to_best(ranking)
     if close > 1:

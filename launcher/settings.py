@@ -135,8 +135,8 @@ class Sweep:
     exclude: list[dict] = field(default_factory=list)
     train: dict = field(default_factory=dict)
     target: str | None = None  # reference: the target perplexity comes from the reference (fsdp) runs, run first
-    tp: list | None = None  # tensor-parallel degrees to sweep (null: train.tp)
-    pp: list | None = None  # pipeline stage counts to sweep (null: train.pp)
+    tp: list[int] = field(default_factory=list)  # tensor-parallel degrees to sweep ([]: train.tp)
+    pp: list[int] = field(default_factory=list)  # pipeline stage counts to sweep ([]: train.pp)
 
 
 @dataclass

@@ -97,10 +97,10 @@ def per_pipeline(train: dict, tp: int, pp: int) -> dict:
     return {**train, "tp": tp, "pp": pp, "batch_per_rank": train.get("batch_per_rank", 1) * tp * pp}
 
 
-def _degrees(values: list | None, key: str, settings: Settings) -> list[int]:
-    """sweep.tp / sweep.pp, or the train setting when the sweep does not vary it."""
-    values = [settings.train.get(key, 1)] if values is None else values
-    if not values or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
+def _degrees(values: list, key: str, settings: Settings) -> list[int]:
+    """sweep.tp / sweep.pp, or the train setting when the sweep does not vary it (an empty list)."""
+    values = values or [settings.train.get(key, 1)]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
         raise ConfigError(f"sweep.{key} must be a list of positive integers, got {values!r}")
     return values
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from train import mesh as meshes
 from train.dims import Dims
@@ -16,10 +17,12 @@ from train.parallelize import local
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _model(dp_mesh, dtype):
+def _model(dp_mesh, dtype, tp_mesh=None):
     """Odd sizes, so shards are uneven and the flat buffer needs padding to a multiple of F."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(37, 53), torch.nn.Linear(53, 29)).to(dtype)
+    if tp_mesh is not None:
+        parallelize_module(model, tp_mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()}, src_data_rank=None)
     for layer in model:
         fully_shard(layer, mesh=dp_mesh)
     return fully_shard(model, mesh=dp_mesh)
@@ -45,12 +48,13 @@ def _ulp(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _check(rank, strategy, F, R, S, dtype):
+def _check(rank, strategy, F, R, S, dtype, T=1):
     """(ulps that averaging identical models moved, error after averaging different models as a fraction of
-    what fp32 accumulation allows, whether every group holds the same bits)."""
-    mesh = meshes.build("cpu", Dims(F, R, S))
-    f, _, s, _, _ = Dims(F, R, S).coords(rank)
-    model = _model(meshes.data_parallel_mesh(mesh, strategy), dtype)
+    what fp32 accumulation allows, whether every group holds the same bits). With T > 1 the two layers are
+    split column- then row-wise over the tensor-parallel group before fully_shard, as train.tensor splits them."""
+    mesh = meshes.build("cpu", Dims(F, R, S, 1, T))
+    f, _, s, _, _ = Dims(F, R, S, 1, T).coords(rank)
+    model = _model(meshes.data_parallel_mesh(mesh, strategy), dtype, mesh["tp"] if T > 1 else None)
     fedavg = FedAvg(model, torch.optim.AdamW(model.parameters()), mesh, A=1, chunk_bytes=2000)  # several chunks
     params = [(name, local(p)) for name, p in model.named_parameters()]
     before = [t.clone() for _, t in params]
@@ -78,11 +82,19 @@ def _worker(rank, world, F):
             for strategy, layout in layouts.items() for name, dtype in DTYPES.items()}
 
 
-@pytest.mark.parametrize("F,world", [(3, 12), (8, 16)])
-def test_averaging_is_exact(F, world):
+def _tp_worker(rank, world, F):
+    """FL+FSDP (F, 1, 2) and FL+HSDP (F, 2, 1) with every matrix split over tp = 2, in bf16 and fp32."""
+    layouts = {"fl_fsdp": (F, 1, world // (2 * F)), "fl_hsdp": (F, 2, world // (4 * F))}
+    return {(strategy, name): _check(rank, strategy, *layout, dtype, T=2)
+            for strategy, layout in layouts.items() for name, dtype in DTYPES.items()}
+
+
+@pytest.mark.parametrize("F,world,worker", [(3, 12, _worker), (8, 16, _worker), (2, 8, _tp_worker)],
+                         ids=["F3", "F8", "F2-tp2"])
+def test_averaging_is_exact(F, world, worker):
     """bf16: identical models stay bit-identical (the fp32 sum of F copies is exact); fp32: within F/2 ulp.
     Different models get the exact mean up to one rounding and fp32 summation error; every group the same."""
-    results = run_ranks(_worker, world, F)
+    results = run_ranks(worker, world, F)
     for case in results[0]:
         moved, off, same = zip(*(r[case] for r in results))
         if case[1] == "bf16":

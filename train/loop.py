@@ -305,8 +305,10 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
     env = launch_env.detect(environ)
     if env.world_size != spec.world_size:
-        raise SpecError(f"F*R*S*pp*tp = {'*'.join(map(str, spec.dims.shape))} = {spec.world_size} but the launcher "
-                        f"started {env.world_size} rank(s) ({env.launcher})")
+        dims = spec.dims.shape if spec.world_size != spec.dims.dp_world else spec.dims.shape[:3]
+        names = "F*R*S*pp*tp" if len(dims) == 5 else "F*R*S"
+        raise SpecError(f"{names} = {'*'.join(map(str, dims))} = {spec.world_size} but the launcher started "
+                        f"{env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)
     device = launch_env.pick_device(spec.device)
     if device == "cpu":
