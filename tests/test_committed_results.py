@@ -31,6 +31,8 @@ COMMITTED = {
                                          "cluster=testbed"],
     "testbed/validation_topology_tiny": ["sweep=testbed_validation", "sweep.name=validation_topology_tiny",
                                          "cluster=testbed"],
+    "testbed/validation_model_parallel": ["sweep=testbed_validation", "sweep.name=validation_model_parallel",
+                                          "cluster=testbed"],
 }
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
 
@@ -84,7 +86,8 @@ def _signed(x: float) -> str:
 
 
 VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_mini_seq128", "testbed/validation_slurm_tiny",
-               "testbed/validation_topology_mini", "testbed/validation_topology_tiny"]
+               "testbed/validation_topology_mini", "testbed/validation_topology_tiny",
+               "testbed/validation_model_parallel"]
 
 
 @pytest.mark.parametrize("where", VALIDATIONS)

@@ -149,8 +149,10 @@ def planned_world(r: dict) -> int:
 
 
 def _layout_cell(r: dict) -> str:
-    """(F,R,S) as planned, and `→ (F',R',S')*` where a run lost nodes and resumed on fewer (shrink_notes)."""
+    """(F,R,S) as planned, `pp=P tp=T` where above 1, and `→ (F',R',S')*` where a run lost nodes and resumed on
+    fewer (shrink_notes)."""
     cell = "({F},{R},{S})".format(**planned_layout(r))
+    cell += "".join(f" {k}={r.get(k, 1)}" for k in ("pp", "tp") if r.get(k, 1) > 1)
     return cell + " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"]) if r["layout_changes"] else cell
 
 
