@@ -151,29 +151,41 @@ def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | N
     return {"segment": group_nodes} if fits else {}
 
 
-def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:
-    """The step time of `run`'s model and global batch in `layout` = (strategy, F, R, S, A[, pp, tp]) placed as
-    `placement`: the run's own pp and tp and microbatches when the layout names none; else the global batch
-    spread over the layout's F x R x S data-parallel ranks, in one microbatch per sequence under pp."""
+def run_layout(run: Run) -> tuple:
+    """(strategy, F, R, S, A, pp, tp) of a run, as the ranking's candidates are written."""
+    s = run.spec
+    return s.strategy, s.F, s.R, s.S, s.A, s.train.pp, s.train.tp
+
+
+def spread(run: Run, layout: tuple) -> tuple[float, int]:
+    """Sequences per data-parallel rank and microbatches of `run`'s global batch in `layout`: the run's own
+    where the layout is the run's; else the global batch spread over the layout's F x R x S data-parallel ranks,
+    one microbatch per sequence under pp."""
     t = run.spec.train
-    if len(layout) == 5:
-        P, T, batch, micro = t.pp, t.tp, t.batch_per_rank, t.n_microbatches
-    else:
-        P, T = layout[5:]
-        batch = run.spec.dims.dp_world * t.batch_per_rank / (layout[1] * layout[2] * layout[3])
-        micro = max(P, round(batch)) if P > 1 else 1
+    if layout == run_layout(run):
+        return t.batch_per_rank, t.n_microbatches
+    _, F, R, S, _, P, _ = layout
+    batch = run.spec.dims.dp_world * t.batch_per_rank / (F * R * S)
+    return batch, max(P, round(batch)) if P > 1 else 1
+
+
+def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:
+    """The step time of `run`'s model and global batch (spread) in `layout` = (strategy, F, R, S, A, pp, tp) placed
+    as `placement`."""
+    t = run.spec.train
+    batch, micro = spread(run, layout)
     return predictor.step(*layout[:5], run.spec.model.llama_kwargs, comm_model(run), batch, t.seq_len,
-                          t.precision, t.timing, placement, P, T, micro)
+                          t.precision, t.timing, placement, *layout[5:], micro)
 
 
 def memory_of(run: Run, layout: tuple | None = None) -> memory.Memory:
-    """Bytes per device of `run`, or of its model and global batch in `layout` (as step_of spreads it)."""
+    """Bytes per device of `run`, or of its model and global batch (spread) in `layout`."""
     m = memory.layout_of(run.spec)
     if layout is not None:
-        strategy, F, R, S, A, P, T = layout
-        batch = run.spec.dims.dp_world * run.spec.train.batch_per_rank / (F * R * S)
-        m = replace(m, S=S, P=P, T=T, batch=batch, microbatches=max(P, round(batch)) if P > 1 else 1,
-                    federated=F > 1, outer_copy=m.outer_copy and F > 1)
+        _, F, R, S, _, P, T = layout
+        batch, micro = spread(run, layout)
+        m = replace(m, S=S, P=P, T=T, batch=batch, microbatches=micro, federated=F > 1,
+                    outer_copy=m.outer_copy and F > 1)
     return memory.per_device(run.spec.model.llama_kwargs, m)
 
 
@@ -208,7 +220,7 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
     spec, cluster = run.spec, settings.cluster
     model = comm_model(run)
     predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
-    step = step_of(predictor, run, (spec.strategy, spec.F, spec.R, spec.S, spec.A), placement)
+    step = step_of(predictor, run, run_layout(run), placement)
     fsdp_s, fsdp_step = fsdp
     attempt = store.entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from launcher import multirun
 from launcher.errors import ConfigError
-from launcher.placement.allocate import Placement, check_model_parallel
+from launcher.placement.allocate import Placement, check_model_parallel, shards_per_node
 from launcher.settings import Settings
 from train.errors import FedshardError
 from train.sections import ModelSection, TextData, data_section
@@ -46,14 +46,11 @@ def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None, tp: int
            pp: int = 1) -> tuple[int, int, int]:
     """(F, R, S) for a strategy on `nodes` nodes, each shard being pp x tp GPUs."""
     check_model_parallel(tp, gpus_per_node)
-    mp = tp * pp
-    if mp <= gpus_per_node and gpus_per_node % mp == 0:
-        S = gpus_per_node // mp
-    elif mp % gpus_per_node == 0 and nodes % (mp // gpus_per_node) == 0:
-        S, nodes = 1, nodes // (mp // gpus_per_node)
-    else:
-        raise ConfigError(f"pp*tp = {pp}*{tp} = {mp} GPUs per shard neither divide a node's {gpus_per_node} GPUs "
-                          f"nor fill whole nodes of the {nodes}")
+    grid = shards_per_node(nodes, gpus_per_node, pp, tp)
+    if grid is None:
+        raise ConfigError(f"pp*tp = {pp}*{tp} = {pp * tp} GPUs per shard neither divide a node's {gpus_per_node} "
+                          f"GPUs nor fill whole nodes of the {nodes}")
+    nodes, S = grid
     if strategy == "fsdp":
         return 1, 1, nodes * S
     if strategy == "hsdp":

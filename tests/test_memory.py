@@ -6,6 +6,7 @@ Registered before the first measurement: every layout's predicted peak within ±
 rank peak, and activation checkpointing lowering both.
 """
 import ctypes
+import functools
 import os
 
 import pytest
@@ -62,22 +63,24 @@ LAYOUTS = {
     "hsdp_tp2_pp2_gpipe_bf16": _spec("hsdp", 1, 2, 1, tp=2, pp=2, microbatches=2, pp_schedule="gpipe",
                                      precision="bf16"),
 }
-MEASURED = {}
+
+
+@functools.cache
+def _measured_and_predicted(name: str) -> tuple[int, float]:
+    """(largest rank peak, the model's bytes per device) of a layout, measured once per session."""
+    spec = RunSpec.from_dict(LAYOUTS[name])
+    measured = max(run_ranks(_peak, spec.world_size, LAYOUTS[name]))
+    return measured, memory.per_device(spec.model.llama_kwargs, memory.layout_of(spec)).total
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_memory_model_predicts_measured_peak(name):
-    spec = RunSpec.from_dict(LAYOUTS[name])
-    measured = max(run_ranks(_peak, spec.world_size, LAYOUTS[name]))
-    predicted = memory.per_device(spec.model.llama_kwargs, memory.layout_of(spec)).total
-    MEASURED[name] = (measured, predicted)
+    measured, predicted = _measured_and_predicted(name)
     print(f"{name}: measured {measured / 1e6:.2f} MB, predicted {predicted / 1e6:.2f} MB "
           f"({predicted / measured - 1:+.1%})")
     assert abs(predicted / measured - 1) <= TOLERANCE
 
 
 def test_activation_checkpointing_lowers_measured_and_predicted_peak():
-    if not {"fsdp", "fsdp_checkpointing"} <= set(MEASURED):
-        pytest.skip("needs the two fsdp measurements above")
-    (plain, plain_model), (ac, ac_model) = MEASURED["fsdp"], MEASURED["fsdp_checkpointing"]
+    (plain, plain_model), (ac, ac_model) = (_measured_and_predicted(n) for n in ("fsdp", "fsdp_checkpointing"))
     assert ac < plain and ac_model < plain_model

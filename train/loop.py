@@ -42,6 +42,7 @@ class Trainer:
         self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
         self.mesh = meshes.build(device, self.dims)
         self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
+        self.params = models.count_params(models.build(self.config, "meta"))  # the whole model, every stage
         self.model = self._build_model()
         self.pipeline = None  # train.pp > 1: this rank's stage under its schedule
         if self.dims.P > 1:
@@ -91,7 +92,6 @@ class Trainer:
 
     def _build_model(self) -> torch.nn.Module:
         dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.strategy)
-        self.params = models.count_params(models.build(self.config, "meta"))  # the whole model, every stage
         init = self.cfg.init
         if init == "auto":
             init = "full" if self.params <= FULL_INIT_LIMIT else "meta"
@@ -305,9 +305,9 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
     env = launch_env.detect(environ)
     if env.world_size != spec.world_size:
-        dims = spec.dims.shape if spec.world_size != spec.dims.dp_world else spec.dims.shape[:3]
-        names = "F*R*S*pp*tp" if len(dims) == 5 else "F*R*S"
-        raise SpecError(f"{names} = {'*'.join(map(str, dims))} = {spec.world_size} but the launcher started "
+        names, sizes = ("F*R*S", spec.dims.shape[:3]) if spec.world_size == spec.dims.dp_world else \
+            ("F*R*S*pp*tp", spec.dims.shape)
+        raise SpecError(f"{names} = {'*'.join(map(str, sizes))} = {spec.world_size} but the launcher started "
                         f"{env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)
     device = launch_env.pick_device(spec.device)

@@ -138,7 +138,7 @@ class TrainConfig:
         if self.n_microbatches < self.pp:
             raise SpecError(f"train.microbatches={self.microbatches} is fewer than train.pp={self.pp} stages: the "
                             f"pipeline would never fill; use at least {self.pp}")
-        if self.batch_per_rank % self.n_microbatches:
+        if self.pp > 1 and self.batch_per_rank % self.n_microbatches:  # microbatches split only a pipeline's batch
             raise SpecError(f"the {self.batch_per_rank} sequences of a data-parallel rank (train.batch_per_rank; the "
                             f"launcher multiplies it by tp x pp) do not divide into {self.n_microbatches} "
                             f"microbatches (train.microbatches)")

@@ -10,6 +10,7 @@ traffic between groups also crosses as few levels as possible.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -69,6 +70,17 @@ def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | No
     return assess(F, R, S, hosts, topo, nodes=nodes, P=P, T=T)
 
 
+def shards_per_node(nodes: int, G: int, P: int, T: int) -> tuple[int, int] | None:
+    """(nodes, shards per node) as the data-parallel grid sees them when each shard is a pipeline of P x T GPUs:
+    G / (P x T) shards on each node, or one shard over every (P x T) / G nodes; None when neither divides."""
+    mp = P * T
+    if mp <= G and G % mp == 0:
+        return nodes, G // mp
+    if mp % G == 0 and nodes % (mp // G) == 0:
+        return nodes // (mp // G), 1
+    return None
+
+
 def check_model_parallel(T: int, G: int) -> None:
     """A tensor-parallel group exchanges activations at every layer: it must sit inside one node."""
     if G % T:
@@ -90,9 +102,11 @@ def _name_key(node: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", node) if part]
 
 
+@functools.cache
 def communicators(F: int, R: int, S: int, P: int = 1, T: int = 1) -> dict[str, list[list[tuple]]]:
     """The (f, r, s, p, t) members of every shard, replicate, federation, pipeline and tensor-parallel group; in
-    FL+HSDP only replica 0 of each group averages across groups (train.federated)."""
+    FL+HSDP only replica 0 of each group averages across groups (train.federated). Cached: placing and pricing
+    a layout both walk them (callers only read)."""
     mp = [(p, t) for p in range(P) for t in range(T)]
     return {"shard": [[(f, r, s, p, t) for s in range(S)] for f in range(F) for r in range(R) for p, t in mp],
             "replicate": [[(f, r, s, p, t) for r in range(R)] for f in range(F) for s in range(S) for p, t in mp],
@@ -112,9 +126,10 @@ def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list
     """Per-level bottlenecks of a given rank -> host map (a plan, or where a finished run really ran)."""
     dims = Dims(F, R, S, P, T)
     grid = [dims.coords(rank) for rank in range(dims.world)]
+    host = dict(zip(grid, hosts))
 
     def worst(groups) -> float | None:
-        levels = [topo.lca_level({hosts[dims.rank(c)] for c in group}) for group in groups if len(group) > 1]
+        levels = [topo.lca_level({host[c] for c in group}) for group in groups if len(group) > 1]
         return topo.link(max(levels)) if levels else None
 
     bandwidth = {BANDWIDTH_KEYS[kind]: worst(g) for kind, g in communicators(F, R, S, P, T).items()}

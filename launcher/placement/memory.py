@@ -28,10 +28,9 @@ Gloo's own scratch copies, made in its worker threads, are not counted (NCCL red
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from launcher.placement.steptime import Shapes, stage_params
+from launcher.placement.steptime import Shapes, stage_shapes
 from train.spec import FEDAVG_CHUNK_BYTES, RunSpec
 
 STATE_BYTES = {"fp32": 16, "bf16": 16, "paper": 8}  # parameter + gradient + AdamW's two moments, per parameter
@@ -82,14 +81,14 @@ def layout_of(spec: RunSpec) -> Layout:
 
 def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     """Peak bytes of the device holding the most (module docstring)."""
-    shapes = Shapes.of(llama_kwargs)
     L = layout
-    root, layers = stage_params(shapes, L.P, L.T)
+    stage = stage_shapes(Shapes.of(llama_kwargs), L.P, L.T)
+    root, layers = stage.root, stage.layers * stage.layer
     sharded = (root + layers) / L.S
     param_b, compute_b = PARAM_BYTES[L.precision], COMPUTE_BYTES[L.precision]
     grad_b = 4 if L.precision != "paper" else 2
     state = sharded * (STATE_BYTES[L.precision] - (grad_b if L.P == 1 else 0) + (2 * param_b if L.outer_copy else 0))
-    layer = shapes.layer / L.T
+    layer = stage.layer
     if L.P > 1:  # torch's pipelining keeps the stage unsharded from its first microbatch to its last backward
         gathered = (root + layers) * (compute_b + grad_b)
     else:  # fully_shard copies out even on one rank
@@ -99,14 +98,13 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
         in_flight *= min(L.microbatches, L.P) / L.microbatches
     micro = L.batch * L.seq_len / (L.microbatches if L.P > 1 else 1)
     per_token = _per_token_layer(llama_kwargs, L.T)
-    stage_layers = math.ceil(shapes.layers / L.P)
     logits_tokens = micro if L.P > 1 and L.schedule == "1f1b" else L.batch * L.seq_len
     loss = logits_tokens * llama_kwargs["vocab_size"] * (8 + (compute_b * (1 + 1 / L.T) if L.T > 1 else 0))
     if L.checkpointing:
-        saved = in_flight * stage_layers * llama_kwargs["hidden_size"] * compute_b
+        saved = in_flight * stage.layers * llama_kwargs["hidden_size"] * compute_b
         peak = saved + max(loss, micro * per_token * compute_b)
     else:
-        saved = in_flight * stage_layers * per_token * compute_b
+        saved = in_flight * stage.layers * per_token * compute_b
         peak = saved + loss if L.P == 1 else max(saved, loss)  # the first stage holds the most, the last the loss
     buffers = 0.0
     if L.federated:

@@ -19,13 +19,10 @@ def candidates(nodes: int, G: int, As=AS, parallel=((1, 1),)) -> list[tuple]:
     A, pp, tp). A shard of pp x tp GPUs leaves G / (pp x tp) shards per node, or spans (pp x tp) / G nodes."""
     out = []
     for P, T in parallel:
-        mp = P * T
-        if mp <= G and G % mp == 0:
-            n, g = nodes, G // mp
-        elif mp % G == 0 and nodes % (mp // G) == 0:
-            n, g = nodes // (mp // G), 1
-        else:
+        grid = allocate.shards_per_node(nodes, G, P, T)
+        if grid is None:
             continue
+        n, g = grid
         out += [("fsdp", 1, 1, n * g, None, P, T)]
         if n > 1:
             out += [("hsdp", 1, n, g, None, P, T)] + [("fl_fsdp", n, 1, g, A, P, T) for A in As]
@@ -34,9 +31,8 @@ def candidates(nodes: int, G: int, As=AS, parallel=((1, 1),)) -> list[tuple]:
 
 
 def price(strategy: str, F: int, R: int, S: int, A, G: int, model: Model, topo: Topology,
-          usable: list[str] | None = None, P: int = 1, T: int = 1) -> tuple[allocate.Placement, float]:
-    """The placement and the paper's communication seconds (which knows no tensor or pipeline traffic)."""
-    placement = allocate.place(F, R, S, G, topo, usable, P=P, T=T)
+          usable: list[str] | None = None) -> tuple[allocate.Placement, float]:
+    placement = allocate.place(F, R, S, G, topo, usable)
     return placement, predict(strategy, F, R, S, A, model, placement.bandwidth)["predicted_comm_s"]
 
 
@@ -48,9 +44,13 @@ def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[
     `memory(layout)`: bytes per device; with `capacity`, layouts above it are marked and ranked last."""
     usable = topo.usable() if usable is None else usable
     rows = []
+    placed: dict[tuple, allocate.Placement] = {}  # candidates that differ only in strategy or A share a placement
     for layout in candidates(nodes, G, As, parallel):
         strategy, F, R, S, A, P, T = layout
-        placement, seconds = price(strategy, F, R, S, A, G, model, topo, usable, P, T)
+        if (F, R, S, P, T) not in placed:
+            placed[F, R, S, P, T] = allocate.place(F, R, S, G, topo, usable, P=P, T=T)
+        placement = placed[F, R, S, P, T]
+        seconds = predict(strategy, F, R, S, A, model, placement.bandwidth)["predicted_comm_s"]
         rows.append({"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "pp": P, "tp": T,
                      "predicted_comm_s": seconds, **placement.bandwidth, "hierarchy_ok": placement.hierarchy_ok})
         if step is not None:

@@ -14,7 +14,7 @@ it crosses, where flows is how many of the layout's concurrent groups share that
 - synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one at each phase
   boundary with train.timing=phases (PHASE_BARRIERS), one per FedAvg for the non-finite check (train.nonfinite).
 With tensor and pipeline parallelism (ModelParallel) a rank holds the largest stage's ceil(L / pp) layers, each
-split over tp ranks (stage_params), and the units above shrink accordingly; besides:
+split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
 - tensor group (tp ranks, one node): per layer and microbatch an all_reduce of the activations after attention
   and after the MLP in forward, and two of their gradients in backward; lm_head gathers the logits (all_gather)
   and all-reduces its input's gradient;
@@ -42,10 +42,11 @@ PHASE_BARRIERS = 5  # train.metrics.PhaseClock: a barrier as each step starts an
 
 @dataclass(frozen=True)
 class Shapes:
-    """Parameters of the FSDP units: the root (embeddings, lm_head, final norm) and each decoder layer."""
+    """Parameters of the FSDP units: the root (embeddings, lm_head, final norm) and each decoder layer (a rank's
+    share of them under tensor parallelism, stage_shapes)."""
 
-    root: int
-    layer: int
+    root: float
+    layer: float
     layers: int
 
     @classmethod
@@ -70,12 +71,12 @@ class ModelParallel:
     vocab: int = 0
 
 
-def stage_params(shapes: Shapes, P: int, T: int) -> tuple[float, float]:
-    """(root, layers) parameters one rank of the largest stage holds before FSDP shards them: the whole root
-    without pipeline stages (embedding + lm_head / tp), else the embedding of the first stage (the larger end)."""
+def stage_shapes(shapes: Shapes, P: int, T: int) -> Shapes:
+    """The units one rank of the largest stage holds before FSDP shards them: the whole root without pipeline
+    stages (embedding + lm_head / tp), else the embedding of the first stage (the larger end); ceil(L / pp)
+    layers, each split over tp."""
     half = shapes.root / 2  # embedding and lm_head, untied: vocabulary x hidden each
-    root = half + half / T if P == 1 else half
-    return root, -(-shapes.layers // P) * shapes.layer / T
+    return Shapes(half + half / T if P == 1 else half, shapes.layer / T, -(-shapes.layers // P))
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,8 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
     world-wide barriers per step (sync_seconds), which nothing overlaps; `mp`: tensor and pipeline parallelism."""
     gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
     fedavg_b = model.fedavg_bytes_per_param or model.bytes_per_param
-    root, _ = stage_params(shapes, mp.P, mp.T)
-    stage_layers = -(-shapes.layers // mp.P)
-    units = [root] + [shapes.layer / mp.T] * stage_layers
+    stage = stage_shapes(shapes, mp.P, mp.T)
+    units = [stage.root] + [stage.layer] * stage.layers
     net = network.seconds
     shard = sum(net("all_gather", p * gather_b, S, loads["shard"]) * (1 if i == 0 else 2)
                 + net("reduce_scatter", p * grad_b, S, loads["shard"]) for i, p in enumerate(units))
@@ -218,7 +218,7 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
         federation /= A
     comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
     if mp.P * mp.T > 1:
-        comm |= model_parallel_seconds(mp, stage_layers, gather_b, net, loads)
+        comm |= model_parallel_seconds(mp, stage.layers, gather_b, net, loads)
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
     else:
