@@ -45,6 +45,7 @@ class FedAvg:
         self.device = mesh.device_type
         self.checked = False
         self.buffer: torch.Tensor | None = None
+        self.total: torch.Tensor | None = None  # 16-bit parameters: the fp32 sum of this rank's piece
         self.event_bytes = 0  # what this rank sent over the federation links in the last average
         self.exchange_s = 0.0  # seconds spent exchanging in all, hidden behind training or not
 
@@ -121,7 +122,13 @@ class FedAvg:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.fed_group)
             return
         dist.all_to_all_single(received, flat, group=self.fed_group)
-        mine = received.view(self.F, -1).sum(dim=0, dtype=torch.float32).div_(self.F).to(flat.dtype)
+        pieces = received.view(self.F, -1)
+        total = self._accumulator(pieces.shape[1])
+        total.copy_(pieces[0])
+        for piece in pieces[1:]:
+            total.add_(piece)  # fp32 += 16-bit: computed in fp32 (a 16-bit sum(dtype=fp32) runs ~3x slower on CPU)
+        mine = pieces[0]  # received no longer needed: it takes the mean, rounded once to 16 bits
+        mine.copy_(total.div_(self.F))
         all_gather(flat, mine, group=self.fed_group)
 
     def _buffers(self, like: torch.Tensor, used: int, receive: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -136,6 +143,12 @@ class FedAvg:
         flat = self.buffer[0, :numel]
         flat[used:].zero_()
         return flat, self.buffer[1, :numel] if receive else None
+
+    def _accumulator(self, numel: int) -> torch.Tensor:
+        """The fp32 sum of this rank's piece, kept between averagings like the buffers."""
+        if self.total is None or self.total.numel() < numel:
+            self.total = torch.empty(numel, dtype=torch.float32, device=self.device)
+        return self.total[:numel]
 
     def _chunks(self, tensors: list[torch.Tensor]):
         """Consecutive runs of same-dtype tensors up to chunk_bytes each."""

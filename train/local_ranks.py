@@ -46,7 +46,7 @@ def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> N
 
 
 def run_ranks(fn, world: int, *args) -> list:
-    """fn(rank, world, *args) on `world` spawned processes; returns their values in rank order."""
+    """fn(rank, world, *args) on `world` processes forked from the forkserver; returns their values in rank order."""
     with tempfile.TemporaryDirectory() as out_dir:
         multiprocessing.set_forkserver_preload(PRELOAD)
         mp.start_processes(_entry, args=(fn, world, _free_port(), out_dir, args), nprocs=world, join=True,
