@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, replace
 
 from launcher import shrink
 from launcher.errors import ConfigError
-from launcher.placement import allocate, memory, topology
+from launcher.placement import allocate, gc_paused, memory, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
 from launcher.placement.steptime import StepTime
@@ -290,6 +290,7 @@ def _gbps(b) -> str:
     return "-" if b is None else f"{b / GB:g}"
 
 
+@gc_paused()
 def plan(settings: Settings, runs: list[Run] | None = None,
          echo: bool = True) -> tuple[list[PlannedRun], list[PlanEntry]]:
     """Place and price every run; write plan.json (action=plan prints it, action=run keeps it for the report

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
+from launcher.placement import gc_paused
 from launcher.placement.topology import Topology
 from train.dims import Dims
 
@@ -50,6 +51,7 @@ def units(F: int, R: int, S: int, G: int) -> tuple[int, int]:
                       f"nor packs evenly into them")
 
 
+@gc_paused()
 def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | None = None, P: int = 1,
           T: int = 1) -> Placement:
     """Each rank's node. A shard's P x T model-parallel ranks are consecutive, so they pack like S*P*T shards;
@@ -121,6 +123,7 @@ BANDWIDTH_KEYS = {"shard": "B_S", "replicate": "B_R", "federation": "B_F", "pipe
 HIERARCHY = ("B_T", "B_P", "B_S", "B_R", "B_F")  # fastest first: the order the links must honour
 
 
+@gc_paused()
 def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list[str] | None = None, P: int = 1,
            T: int = 1) -> Placement:
     """Per-level bottlenecks of a given rank -> host map (a plan, or where a finished run really ran)."""

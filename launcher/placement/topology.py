@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.errors import ConfigError, SlurmError
+from launcher.placement import gc_paused
 from launcher.slurm import scontrol
 from launcher.slurm.parse import Block, Node, Switch, parse_nodes, parse_topology
 
@@ -174,6 +175,7 @@ def _rooted(parent, level, leaves, nodes) -> Topology:
     return topo
 
 
+@gc_paused()
 def build(topology_text: str, nodes_text: str | None) -> Topology:
     """Parse `scontrol show topology` (tree or block) and `scontrol show node` output into a Topology."""
     items = parse_topology(topology_text)
