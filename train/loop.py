@@ -42,7 +42,9 @@ class Trainer:
         self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
         self.mesh = meshes.build(device, self.dims)
         self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
-        self.params = models.count_params(models.build(self.config, "meta"))  # the whole model, every stage
+        whole = models.build(self.config, "meta")  # the whole model, every stage
+        self.params = models.count_params(whole)
+        self.whole = [(name, p.numel()) for name, p in whole.named_parameters()]  # streamed DiLoCo's fragments
         self.model = self._build_model()
         self.pipeline = None  # train.pp > 1: this rank's stage under its schedule
         if self.dims.P > 1:
@@ -61,7 +63,7 @@ class Trainer:
             else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
                 self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
-                                     c.aggregation_dtype, c.outer_fragments, c.outer_delay, **shared)
+                                     c.aggregation_dtype, c.outer_fragments, c.outer_delay, self.whole, **shared)
         self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0

@@ -48,13 +48,15 @@ class Exchange:
 
 class DiLoCo(FedAvg):
     def __init__(self, model, optimizer, mesh, A: int, lr: float, momentum: float, offload: bool,
-                 wire: str = "fp32", fragments: int = 1, delay: int = 0, **fedavg):
+                 wire: str = "fp32", fragments: int = 1, delay: int = 0,
+                 whole: list[tuple[str, int]] | None = None, **fedavg):
         super().__init__(model, optimizer, mesh, A, **fedavg)
         self.lr, self.momentum, self.wire, self.delay = lr, momentum, wire, delay
         self.synced = [local(p).detach().to(device="cpu" if offload else local(p).device, dtype=torch.float32,
                                             copy=True) for _, p in self.named_params()]
         self.velocity = [torch.zeros_like(s) for s in self.synced]
-        self.fragments = split([p.numel() for _, p in self.named_params()], fragments)
+        self.fragments = fragments_of([name for name, _ in self.named_params()],
+                                      whole or [(name, p.numel()) for name, p in self.named_params()], fragments)
         self.period = A // fragments  # steps between two launches
         self.streamed = fragments > 1 or delay > 0
         self.pending: Exchange | None = None
@@ -191,6 +193,14 @@ class DiLoCo(FedAvg):
     def guarded(self) -> list[tuple[str, torch.Tensor]]:
         state = self.outer_state()
         return super().guarded() + [(f"outer.{key}.{name}", t) for key in state for name, t in state[key].items()]
+
+
+def fragments_of(names: list[str], whole: list[tuple[str, int]], n: int) -> list[list[int]]:
+    """The indices into `names` (this rank's parameters) of each of the n fragments, cut from the whole model's
+    (name, global numel) list: a pipeline stage holds only some parameters, and its fragments must be the same
+    parameters as in every other layout (a fragment may hold none of a stage's)."""
+    fragment = {whole[i][0]: k for k, run in enumerate(split([numel for _, numel in whole], n)) for i in run}
+    return [[i for i, name in enumerate(names) if fragment[name] == k] for k in range(n)]
 
 
 def split(numels: list[int], n: int) -> list[list[int]]:
