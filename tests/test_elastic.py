@@ -10,11 +10,11 @@ from train.result import RunResult
 STEPS, EVERY, A = 40, 10, 5
 
 
-def _spec(tmp_path, name, F, elastic=True, strategy="fl_fsdp", S=1):
+def _spec(tmp_path, name, F, elastic=True, strategy="fl_fsdp", S=1, **train):
     spec = {"strategy": strategy, "F": F, "R": 1, "S": S, "A": A if F > 1 else None, "out_dir": str(tmp_path / "run"),
             "run_id": f"{strategy}-elastic", "model": {"preset": "tiny"},
             "train": {"steps": STEPS, "seq_len": 32, "lr": 1e-2, "log_every": 5, "checkpoint_every": EVERY,
-                      "elastic": elastic}}
+                      "elastic": elastic, **train}}
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(spec))
     return path
@@ -66,3 +66,13 @@ def test_fsdp_resumes_on_fewer_shards_and_dcp_reshards_parameters_and_moments(tm
     assert result.layout_changes == [{"from": {"strategy": "fsdp", "F": 1, "R": 1, "S": 4, "A": None},
                                       "to": {"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "A": None},
                                       "at_step": 20, "streams_dropped": 2}]
+
+
+def test_a_pipelined_tensor_parallel_run_resumes_on_fewer_shards(tmp_path):
+    """tp = 2 x pp = 2 under FSDP, from 2 shards (8 ranks) to 1 (4 ranks): DCP reshards each stage's
+    tensor-split parameters and moments, kept under the stage's own keys."""
+    big = {"tp": 2, "pp": 2, "batch_per_rank": 16}  # 2 data ranks: a larger batch, so the loss visibly falls
+    before = _crashed(_spec(tmp_path, "eight", 1, strategy="fsdp", S=2, **big), 8)
+    result = _resumed(_spec(tmp_path, "four", 1, strategy="fsdp", S=1, **big), 4, before)
+    assert result.resumed_from_step == 20 and (result.S, result.tp, result.pp, result.world_size) == (1, 2, 2, 4)
+    assert result.layout_changes[0]["at_step"] == 20
