@@ -399,3 +399,13 @@ def test_floor_is_a_line_near_the_curves_and_a_note_far_below_them():
         assert ("floor 5.53–5.62" in labels) == drawn  # one line for all seeds' floors, their range in its label
         assert (notes == ["floor 5.53–5.62: far below these curves"]) == (not drawn)
         plt.close(fig)
+
+
+def test_a_table_refuses_kinds_or_rows_that_do_not_match_its_columns():
+    """Markdown and LaTeX zip cells with kinds: a short list would drop the last columns without a word."""
+    from launcher.report.tables import Table
+
+    with pytest.raises(ValueError, match="4 kinds for 5 columns"):
+        Table("t", list("abcde"), [[1, 2, 3, 4, 5]], ["text", "fixed", "fixed", "text"])
+    with pytest.raises(ValueError, match="a row of 4 cells for 5 columns"):
+        Table("t", list("abcde"), [[1, 2, 3, 4]])

@@ -83,6 +83,14 @@ class Table:
     spread: str = "std"
     headers: list[str] | None = None  # what a reader sees (Markdown, LaTeX), where the CSV keeps `columns`
 
+    def __post_init__(self):
+        """A row or kind list shorter than the columns would silently drop cells (zip): refuse it."""
+        if self.kinds is not None and len(self.kinds) != len(self.columns):
+            raise ValueError(f"table {self.title!r}: {len(self.kinds)} kinds for {len(self.columns)} columns")
+        short = next((row for row in self.rows if len(row) != len(self.columns)), None)
+        if short is not None:
+            raise ValueError(f"table {self.title!r}: a row of {len(short)} cells for {len(self.columns)} columns")
+
     def _kinds(self) -> list[str]:
         return self.kinds or ["auto"] * len(self.columns)
 

@@ -54,7 +54,7 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None) -> tup
     if topo_path.exists() and not local:  # saved at submission: check where the ranks really ran
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
         tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
-                                    columns, rows, ["text", "fixed", "fixed", "fixed", "text"])
+                                    columns, rows, ["text", *["fixed"] * (len(columns) - 2), "text"])
     written = []
     for name, table in tables.items():
         for ext, text in (("md", table.to_markdown()), ("csv", table.to_csv()), ("tex", table.to_latex())):
