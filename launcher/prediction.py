@@ -47,7 +47,6 @@ class Predictor:
         self.probe = read_probe(path) if path else None
         self.network = (Network.from_probe(self.probe, f"probe {path}") if self.probe
                         else Network.nominal(topo.bandwidth))
-        self.loads: dict[tuple, dict] = {}  # a ranking prices each placement for several strategies and A
 
     def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str) -> Compute | None:
         """Measured by the probe for this (model, seq_len, precision), at this batch or scaled in proportion from
@@ -74,9 +73,8 @@ class Predictor:
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
         mp = ModelParallel(P, T, microbatches, batch * seq_len, llama_kwargs["hidden_size"],
                            llama_kwargs["vocab_size"])
-        key = (tuple(placement.hosts), F, R, S, P, T)
-        if key not in self.loads:
-            self.loads[key] = load(placement, F, R, S, self.topo, P, T)
-        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, self.loads[key], self.network,
+        if placement.loads is None:
+            placement.loads = load(placement, F, R, S, self.topo, P, T)
+        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, placement.loads, self.network,
                          self.compute(llama_kwargs, batch, seq_len, precision), overlap=self.cluster.device == "cuda",
                          sync_s=sync_seconds(barrier_s, timing == "phases", F, A), mp=mp)

@@ -278,7 +278,7 @@ def test_in_job_plans_on_busy_nodes_only_when_too_few_are_free_and_says_so(tmp_p
     assert nodes["note"].startswith("only 3 node(s) are free now and the widest run needs 4")
 
 
-def test_placement_pauses_the_cyclic_collector_and_restores_it():
+def test_placement_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     """topology.build and allocate.place run with the cyclic GC off (its passes made the time per node grow
     with the cluster, bench.placement), and leave it as they found it, on success and on error."""
     import gc
@@ -290,11 +290,9 @@ def test_placement_pauses_the_cyclic_collector_and_restores_it():
         seen.append(gc.isenabled())
         return real_search(*args)
 
-    allocate._search = spy
-    try:
-        allocate.place(2, 1, 4, 4, captured())
-    finally:
-        allocate._search = real_search
+    monkeypatch.setattr(allocate, "_search", spy)
+    allocate.place(2, 1, 4, 4, captured())
+    monkeypatch.undo()
     assert seen and not any(seen) and gc.isenabled()
     with pytest.raises(ConfigError):
         topology.build("SwitchName=s1 Level=0 LinkSpeed=1 Nodes=a[1-2] Switches=nowhere\n", None)

@@ -44,7 +44,6 @@ class Trainer:
         self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
         whole = models.build(self.config, "meta")  # the whole model, every stage
         self.params = models.count_params(whole)
-        self.whole = [(name, p.numel()) for name, p in whole.named_parameters()]  # streamed DiLoCo's fragments
         self.model = self._build_model()
         self.pipeline = None  # train.pp > 1: this rank's stage under its schedule
         if self.dims.P > 1:
@@ -63,7 +62,8 @@ class Trainer:
             else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
                 self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
-                                     c.aggregation_dtype, c.outer_fragments, c.outer_delay, self.whole, **shared)
+                                     c.aggregation_dtype, c.outer_fragments, c.outer_delay,
+                                     [(name, p.numel()) for name, p in whole.named_parameters()], **shared)
         self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device)
         self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
         is_writer = out_dir is not None and rank == 0

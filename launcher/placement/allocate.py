@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.errors import ConfigError
 from launcher.placement import gc_paused
@@ -32,6 +32,8 @@ class Placement:
     group_levels: list[int]     # lowest common switch level of each federation group (-1: one node)
     bandwidth: dict             # B_T, B_P, B_S, B_R, B_F bottlenecks in bytes/s (None where a group has one member)
     hierarchy_ok: bool
+    loads: dict | None = field(default=None, repr=False, compare=False)  # its traffic per level (steptime.load),
+    # priced once: a ranking prices each placement for several strategies and A
 
     def hostfile(self) -> str:
         """One host per line in rank order: SLURM_HOSTFILE for `srun --distribution=arbitrary`."""

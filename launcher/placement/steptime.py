@@ -169,8 +169,8 @@ class StepTime:
 def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 1,
          T: int = 1) -> dict[str, dict[int, int]]:
     """{group kind: {level: flows}} of a placed layout (levels.traffic of all its groups of that kind)."""
-    rank = {c: r for r, c in enumerate(placement.coords)}
-    return {kind: traffic([[placement.hosts[rank[c]] for c in g] for g in groups], topo)
+    host = dict(zip(placement.coords, placement.hosts))
+    return {kind: traffic([[host[c] for c in g] for g in groups], topo)
             for kind, groups in communicators(F, R, S, P, T).items()}
 
 
