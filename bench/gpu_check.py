@@ -9,7 +9,9 @@ steps of a small Llama through the real entrypoint (`torchrun -m train SPEC.json
    (precision=paper) and a learning rate of 1e-30, so the groups never diverge, gives bitwise the same
    losses averaging after every step (A=1) as never averaging;
 
-and prints tokens/s per GPU and MFU (peak from --peak-flops, or known for A100/H100/H200).
+and prints per strategy tokens/s per GPU, MFU (peak from --peak-flops, or known for A100/H100/H200), the exposed
+communication per step (step time less compute-only steps' time: train/exposed.py) and tokens per joule (NVML's
+energy counter, read once per node; `pip install nvidia-ml-py`, else the reason it is missing is printed).
 Layouts need 2 ranks (FL+HSDP: 4); those that do not fit the node's GPUs are skipped, saying so.
 `--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any
 check fails. Run: python -m bench.gpu_check [--steps 8] [--model small] [--seq-len 256] [--out DIR]
@@ -75,7 +77,9 @@ def spec(run_id: str, strategy: str, layout, out: Path, args, device: str, preci
 
 def check_strategies(args, device: str, out: Path) -> bool:
     ok = True
-    print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7}  {args.compare} step losses vs fp32 CPU")
+    print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7} {'exposed':>10} {'tokens/J':>9}  "
+          f"{args.compare} step losses vs fp32 CPU")
+    energy_sources = set()
     for strategy, layout in layouts(args.ranks).items():
         result, losses = train(spec(f"{strategy}-{device}", strategy, layout, out, args, device, "bf16"),
                                args.ranks, out, device)
@@ -85,8 +89,13 @@ def check_strategies(args, device: str, out: Path) -> bool:
         passed = worst <= args.tolerance
         ok &= passed
         mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
+        exposed = f"{result.exposed_comm_s * 1e3:.1f} ms" if result.exposed_comm_s is not None else "-"
+        per_joule = f"{result.tokens_per_j:,.1f}" if result.tokens_per_j is not None else "-"
+        energy_sources.add(result.energy_source)
         print(f"{strategy:<8} {str(layout).replace(' ', ''):<10} {result.tokens_per_s_per_device:>12,.0f} "
-              f"{mfu:>7}  max rel diff {worst:.2e} {'ok' if passed else f'FAIL (> {args.tolerance:g})'}")
+              f"{mfu:>7} {exposed:>10} {per_joule:>9}  max rel diff {worst:.2e} "
+              f"{'ok' if passed else f'FAIL (> {args.tolerance:g})'}")
+    print("energy: " + "; ".join(sorted(energy_sources)))
     skipped = sorted({"fsdp", "hsdp", "fl_fsdp", "fl_hsdp"} - set(layouts(args.ranks)))
     if skipped:
         print(f"skipped {', '.join(skipped)}: {args.ranks} rank(s) cannot hold their layouts")

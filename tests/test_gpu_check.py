@@ -21,5 +21,7 @@ def test_gpu_check_on_cpu_ranks_runs_every_check():
     for strategy, layout in (("fsdp", "(1,1,4)"), ("hsdp", "(1,2,2)"), ("fl_fsdp", "(2,1,2)"), ("fl_hsdp", "(2,2,1)")):
         row = next(line for line in lines if line.startswith(strategy + " "))
         assert layout in row and row.endswith("ok")
+        assert " ms " in row  # exposed communication, measured on every FSDP-based layout
+    assert any(line.startswith("energy: ") for line in lines)
     assert any("losses bitwise equal, ok" in line for line in lines)
     assert lines[-1] == "gpu_check: all checks passed"

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, data, launch_env, metrics, optim, parallelize, pipeline
+from . import checkpoint, data, energy, exposed, launch_env, metrics, optim, parallelize, pipeline
 from . import mesh as meshes
 from . import model as models
 from .errors import SpecError
@@ -74,6 +74,7 @@ class Trainer:
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
         self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0}  # seconds outside the training time
         self.checkpoints = 0
+        self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
         self.watchdog = None
         if watchdog_tag is not None:
             self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s)
@@ -158,10 +159,14 @@ class Trainer:
         training work finishes first, so none of it is counted as checkpoint, logging or evaluation time."""
         if self.device == "cuda":
             torch.cuda.synchronize()
+        if self.meter is not None:
+            self.meter.pause()
         started = time.perf_counter()
         try:
             yield
         finally:
+            if self.meter is not None:
+                self.meter.resume()
             spent = time.perf_counter() - started
             self.apart[what] += spent
             self.log.start += spent
@@ -258,24 +263,55 @@ class Trainer:
         dist.all_gather_object(ranks, {"rank": self.rank, "host": host,
                                        "node": os.environ.get("SLURMD_NODENAME", host),
                                        "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")})
+        before = (self.state.tokens, self.state.train_time_s)  # this attempt's energy covers this attempt only
+        energy_source = self._open_meter(ranks)
         train_time = self.train()
+        joules = self.meter.stop() if self.meter is not None else None
         eval_ppl, eval_time = self.evaluate(self.cfg.steps)
         self.log.add_eval(self.cfg.steps, train_time, eval_ppl)
         sent, exchange_s = (self.fedavg.event_bytes, self.fedavg.exchange_s) if self.fedavg is not None else (0, 0.0)
-        peak = torch.tensor([metrics.peak_memory_bytes(self.device), sent, exchange_s], dtype=torch.float64,
-                            device=self.device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        peak = metrics.peak_memory_bytes(self.device)  # before the compute-only steps, which hold the model gathered
+        not_measured = exposed.why_not(self.cfg.tp, self.cfg.pp, self.cfg.compute_only_steps)
+        compute_only = 0.0
+        if not_measured is None:
+            self._enter("compute_only", self.cfg.steps)
+            batches = [self.batch(i) for i in range(self.cfg.compute_only_steps + 1)]
+            exposed.gather(self.model)
+            compute_only = exposed.compute_only_s(self.model, self.optimizer, batches, self.device)
+        maxima = torch.tensor([peak, sent, exchange_s, compute_only], dtype=torch.float64, device=self.device)
+        dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+        readings = [None] * self.world
+        dist.all_gather_object(readings, (joules, energy_source))
         if self.rank != 0:
             return None
-        return self.summary(train_time, eval_ppl, eval_time, int(peak[0].item()), ranks, backend,
-                            {"aggregation_bytes": int(peak[1].item()), "aggregation_exchange_s": peak[2].item()})
+        efficiency = {"compute_only_s": None if not_measured else maxima[3].item(),
+                      "exposed_comm_method": not_measured or exposed.METHOD,
+                      **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
+        return self.summary(train_time, eval_ppl, eval_time, int(maxima[0].item()), ranks, backend,
+                            {"aggregation_bytes": int(maxima[1].item()), "aggregation_exchange_s": maxima[2].item(),
+                             **efficiency})
 
-    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend, exchange: dict) -> RunResult:
+    def _open_meter(self, ranks: list[dict]) -> str | None:
+        """Start this node's energy reader on the node's lowest rank; returns what it reads (None: not a
+        reader, this node's counter is another rank's), or why it cannot."""
+        if min(r["rank"] for r in ranks if r["node"] == ranks[self.rank]["node"]) != self.rank:
+            return None
+        try:
+            counter = energy.open_counter(self.device)
+        except energy.Unavailable as exc:
+            return f"none: {ranks[self.rank]['node']}: {exc}"
+        self.meter = energy.EnergyMeter(counter.read)
+        self.meter.start()
+        return counter.source
+
+    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend, measured: dict) -> RunResult:
         spec, cfg = self.spec, self.cfg
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         tokens_per_s = tokens / train_time
         n_params = self.params
         mfu = None
+        if measured["compute_only_s"] is not None:
+            measured["exposed_comm_s"] = self.log.mean_step_time() - measured["compute_only_s"]
         if spec.peak_flops:
             per_token = models.flops_per_token(self.config, n_params, cfg.seq_len)
             mfu = per_token * tokens_per_s / (self.world * spec.peak_flops)
@@ -298,7 +334,7 @@ class Trainer:
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
-            skipped_steps=self.state.skipped_steps, **exchange)
+            skipped_steps=self.state.skipped_steps, **measured)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:

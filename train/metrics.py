@@ -122,6 +122,11 @@ class StepLog:
         rows = self._timed_rows()
         return {phase: Stats.of([r[phase] for r in rows]) for phase in PHASES}
 
+    def mean_step_time(self) -> float:
+        """Mean step time (max over ranks per step) over the steps phase statistics cover."""
+        rows = self._timed_rows()
+        return sum(r["step_time"] for r in rows) / len(rows)
+
     def aggregation_event_stats(self) -> Stats:
         """Mean and std of the aggregation phase over the steps that averaged (the FedAvg events) only."""
         return Stats.of([r["aggregation"] for r in self._timed_rows() if r["aggregated"]])

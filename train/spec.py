@@ -74,6 +74,7 @@ class TrainConfig:
     microbatches: int = 0  # per step and pipeline (0: one per stage); the per-rank batch divides into them
     pp_schedule: str = "1f1b"  # gpipe: all forwards, then all backwards; 1f1b: interleaved, fewer activations held
     activation_checkpointing: bool = False  # keep each layer's input only; recompute the rest in backward
+    compute_only_steps: int = 3  # after training: steps with no collective, timed for exposed_comm_s (0: none)
 
     @property
     def n_microbatches(self) -> int:
@@ -133,6 +134,9 @@ class TrainConfig:
         if self.streamed and self.average_optimizer_state:
             raise SpecError("train.outer_fragments/outer_delay stream pseudo-gradients, which optimizer moments have "
                             "none of: use them with train.average_optimizer_state=false")
+        if not isinstance(self.compute_only_steps, int) or isinstance(self.compute_only_steps, bool) \
+                or self.compute_only_steps < 0:
+            raise SpecError(f"train.compute_only_steps must be an integer >= 0, got {self.compute_only_steps!r}")
         if not isinstance(self.microbatches, int) or isinstance(self.microbatches, bool) or self.microbatches < 0:
             raise SpecError(f"train.microbatches must be an integer >= 0 (0: one per stage), got {self.microbatches!r}")
         if self.n_microbatches < self.pp:

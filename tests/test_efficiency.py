@@ -1,0 +1,126 @@
+"""Efficiency fields of result.json: exposed communication from compute-only steps that really run no collective,
+and energy from one counter reader per node (RAPL's sysfs format, wraparound and pauses included)."""
+import time
+
+import pytest
+import torch.distributed as dist
+
+from train import energy, exposed
+from train.local_ranks import run_ranks
+from train.loop import Trainer
+from train.spec import RunSpec
+
+COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "all_reduce", "all_gather", "broadcast", "barrier", "all_to_all_single", "send", "recv")
+
+
+def _zone(root, name, uj, max_uj=1000_000_000):
+    zone = root / name
+    zone.mkdir()
+    (zone / "energy_uj").write_text(f"{uj}\n")
+    (zone / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    return zone
+
+
+def test_rapl_sums_the_packages_not_their_subzones_and_undoes_wraparound(tmp_path):
+    p0 = _zone(tmp_path, "intel-rapl:0", 999_000_000)
+    p1 = _zone(tmp_path, "intel-rapl:1", 5_000_000)
+    _zone(tmp_path, "intel-rapl:0:0", 7)  # the core sub-zone of package 0: counted inside it already
+    counter = energy.RaplCounter(tmp_path)
+    assert counter.read() == 0.0
+    (p0 / "energy_uj").write_text("3000000\n")  # wrapped past 1e9 µJ: 1 J + 3 J
+    (p1 / "energy_uj").write_text("7000000\n")  # +2 J
+    assert counter.read() == pytest.approx(6.0)
+
+
+def test_no_rapl_zone_or_an_unreadable_one_says_why(tmp_path):
+    with pytest.raises(energy.Unavailable, match="no RAPL package zone under"):
+        energy.RaplCounter(tmp_path)
+    (_zone(tmp_path, "intel-rapl:0", 1) / "max_energy_range_uj").write_text("secret\n")
+    with pytest.raises(energy.Unavailable, match="not readable"):
+        energy.RaplCounter(tmp_path)
+
+
+def test_meter_counts_the_training_windows_only():
+    """A 100 W counter: 0.6 s running, 0.5 s paused (a checkpoint), 0.6 s running, sampled every 0.1 s."""
+    watts = 100.0
+    meter = energy.EnergyMeter(lambda: watts * time.perf_counter(), every_s=0.1)
+    meter.start()
+    time.sleep(0.6)
+    meter.pause()
+    time.sleep(0.5)
+    meter.resume()
+    time.sleep(0.6)
+    joules = meter.stop()
+    assert joules == pytest.approx(watts * meter.seconds, rel=1e-5)  # no energy lost between samples
+    assert 1.15 < meter.seconds < 1.45  # the pause is left out
+
+
+def test_a_window_under_a_second_is_not_a_measurement():
+    meter = energy.EnergyMeter(time.perf_counter)
+    meter.start()
+    time.sleep(0.05)
+    assert meter.stop() is None
+
+
+def test_summary_adds_node_readers_and_names_a_node_without_a_counter():
+    good = energy.summary([(100.0, "rapl: x"), (None, None), (300.0, "rapl: x"), (None, None)], tokens=8000,
+                          seconds=2.0, devices=4)
+    assert good == {"energy_j": 400.0, "avg_power_w_per_device": 50.0, "tokens_per_j": 20.0,
+                    "energy_source": "rapl: x; 2 node reader(s)"}
+    bad = energy.summary([(100.0, "rapl: x"), (None, "none: n2: no RAPL package zone under /sys")], 8000, 2.0, 4)
+    assert bad["energy_j"] is None and bad["tokens_per_j"] is None
+    assert bad["energy_source"] == "none: n2: no RAPL package zone under /sys"
+    short = energy.summary([(None, "rapl: x")], 8000, 0.5, 4)
+    assert short["energy_j"] is None and short["energy_source"].startswith("none: training ran under the 1 s")
+
+
+def test_tensor_and_pipeline_layouts_are_not_measured_and_say_why():
+    assert exposed.why_not(1, 1, 3) is None
+    assert exposed.why_not(2, 1, 3).startswith("not measured: tp=2, pp=1")
+    assert exposed.why_not(1, 1, 0) == "not measured: train.compute_only_steps=0"
+
+
+def _run_and_count(rank, world, spec_dict):
+    """The whole run, counting the collectives called while training and while its compute-only steps run."""
+    spec = RunSpec.from_dict(spec_dict)
+    calls = {"training": [], "gather": [], "compute-only": []}
+    now = ["training"]
+
+    def entered(what, fn):
+        def call(*args):
+            now[0] = what
+            try:
+                return fn(*args)
+            finally:
+                now[0] = "after"
+        return call
+
+    def counted(name, fn):
+        return lambda *a, **k: (calls.get(now[0], []).append(name), fn(*a, **k))[1]
+
+    exposed.gather = entered("gather", exposed.gather)
+    exposed.compute_only_s = entered("compute-only", exposed.compute_only_s)
+    for name in COLLECTIVES:
+        setattr(dist, name, counted(name, getattr(dist, name)))
+    return Trainer(spec, rank, "cpu").run("gloo"), calls
+
+
+@pytest.mark.parametrize("strategy,layout", [("fsdp", (1, 1, 2)), ("hsdp", (1, 2, 2))])
+def test_compute_only_steps_run_no_collective_and_give_exposed_communication(strategy, layout):
+    F, R, S = layout
+    spec = {"strategy": strategy, "F": F, "R": R, "S": S, "out_dir": "/nonexistent", "model": {"preset": "tiny"},
+            "train": {"steps": 4, "seq_len": 32, "log_every": 2}}
+    (result, calls), *others = run_ranks(_run_and_count, F * R * S, spec)
+    for c in [calls] + [c for _, c in others]:
+        assert {"all_gather_single", "reduce_scatter_single"} <= set(c["training"]), c["training"]
+        assert set(c["gather"]) == {"all_gather_single"} and c["compute-only"] == []
+    assert result.exposed_comm_method == exposed.METHOD
+    assert 0 < result.compute_only_s
+    step_time = result.compute_only_s + result.exposed_comm_s
+    assert step_time == pytest.approx(sum(result.phases[p].mean for p in result.phases), rel=0.5)
+    if result.energy_j is None:  # this machine has no counter, or trained under a second: the reason is given
+        assert result.energy_source.startswith("none: ") and result.tokens_per_j is None
+    else:
+        assert result.energy_source.startswith("rapl: ")
+        assert result.tokens_per_j == pytest.approx(result.tokens / result.energy_j)
