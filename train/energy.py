@@ -3,13 +3,15 @@
 GPUs: NVML's total-energy counter of the node's visible GPUs (nvidia-ml-py). CPUs: RAPL's package counters
 (/sys/class/powercap), where readable. Otherwise nothing: the fields stay null and `source` says why; energy is
 never estimated from a TDP. One reader per node, because every counter covers the whole device or socket:
-readers on several ranks of a node would count it several times. A sampler thread reads the counter once a
+readers on several ranks of a node would count it several times. A node is a machine (its kernel's boot id), so
+the testbed's virtual nodes, which share one machine, share one reader too. A sampler thread reads the counter once a
 second while training runs, so a RAPL counter that wraps is followed; the meter pauses while checkpoints,
 logging and evaluations are timed apart, so the joules match train_time_s.
 """
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from pathlib import Path
@@ -74,6 +76,14 @@ class NvmlCounter:
 
     def read(self) -> float:
         return sum(self._energy(h) for h in self.handles) / 1e3
+
+
+def machine_id() -> str:
+    """What identifies the physical machine: its kernel's boot id (the same in every network or UTS namespace)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
 
 
 def open_counter(device: str, root: Path = POWERCAP):

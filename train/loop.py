@@ -292,9 +292,11 @@ class Trainer:
                              **efficiency})
 
     def _open_meter(self, ranks: list[dict]) -> str | None:
-        """Start this node's energy reader on the node's lowest rank; returns what it reads (None: not a
-        reader, this node's counter is another rank's), or why it cannot."""
-        if min(r["rank"] for r in ranks if r["node"] == ranks[self.rank]["node"]) != self.rank:
+        """Start this machine's energy reader on its lowest rank (collective); returns what it reads (None: not
+        a reader, this machine's counter is another rank's), or why it cannot."""
+        machines = [None] * self.world
+        dist.all_gather_object(machines, energy.machine_id())
+        if machines.index(machines[self.rank]) != self.rank:
             return None
         try:
             counter = energy.open_counter(self.device)
