@@ -64,7 +64,8 @@ def main(argv: list[str]) -> int:
             from launcher.report.results import load_results
             from launcher.report.write import outputs, write_report
 
-            markdown, written = write_report(settings.sweep_dir, load_results(settings.sweep_dir), settings.cluster)
+            markdown, written = write_report(settings.sweep_dir, load_results(settings.sweep_dir), settings.cluster,
+                                             settings.sweep.scaling)
             print(markdown)
             print(outputs(settings.sweep_dir, written))
             return 0

@@ -289,7 +289,7 @@ def run_sweep(settings: Settings, runs: list[Run] | None = None) -> int:
             raise
         results = finished(sweeper.store, settings.sweep_dir, runs)
         if results:
-            markdown, written = write_report(settings.sweep_dir, results, settings.cluster)
+            markdown, written = write_report(settings.sweep_dir, results, settings.cluster, settings.sweep.scaling)
             print(markdown)
             print(outputs(settings.sweep_dir, written))
         hint = wandb_log.sync_hint(settings.wandb, settings.sweep_dir)

@@ -137,6 +137,7 @@ class Sweep:
     target: str | None = None  # reference: the target perplexity comes from the reference (fsdp) runs, run first
     tp: list[int] = field(default_factory=list)  # tensor-parallel degrees to sweep ([]: train.tp)
     pp: list[int] = field(default_factory=list)  # pipeline stage counts to sweep ([]: train.pp)
+    scaling: str = "none"  # weak: the batch per GPU stays across sweep.nodes; strong: the global batch does
 
 
 @dataclass

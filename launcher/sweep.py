@@ -94,6 +94,31 @@ def per_pipeline(train: dict, tp: int, pp: int) -> dict:
     return {**train, "tp": tp, "pp": pp, "batch_per_rank": train.get("batch_per_rank", 1) * tp * pp}
 
 
+SCALINGS = ("none", "weak", "strong")
+
+
+def per_gpu_batches(settings: Settings, counts: list[int]) -> dict[int, int]:
+    """train.batch_per_rank (sequences per GPU) at each node count: the same everywhere, except under
+    sweep.scaling=strong, which keeps the global batch of the smallest count and splits it over more GPUs."""
+    scaling, batch = settings.sweep.scaling, settings.train.get("batch_per_rank", 1)
+    if scaling not in SCALINGS:
+        raise ConfigError(f"sweep.scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+    if scaling != "none" and len(set(counts)) < 2:
+        raise ConfigError(f"sweep.scaling={scaling} compares node counts: sweep.nodes needs at least two, got "
+                          f"{counts}")
+    if scaling != "strong":
+        return {n: batch for n in counts}
+    gpus = settings.cluster.gpus_per_node
+    smallest = min(counts)
+    sequences = batch * smallest * gpus
+    uneven = [n for n in counts if sequences % (n * gpus)]
+    if uneven:
+        raise ConfigError(f"sweep.scaling=strong keeps the global batch of {sequences} sequences (batch_per_rank "
+                          f"{batch} x {smallest * gpus} GPUs on {smallest} node(s)), which {uneven[0] * gpus} GPUs "
+                          f"on {uneven[0]} nodes cannot split evenly")
+    return {n: sequences // (n * gpus) for n in counts}
+
+
 def _degrees(values: list, key: str, settings: Settings) -> list[int]:
     """sweep.tp / sweep.pp, or the train setting when the sweep does not vary it (an empty list)."""
     values = values or [settings.train.get(key, 1)]
@@ -123,7 +148,9 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
         raise ConfigError(f"sweep.repeats must be a positive integer, got {sweep.repeats!r}")
     repeated: list[tuple[int, Run]] = []  # (repeat, run)
     parallel = [(tp, pp) for tp in _degrees(sweep.tp, "tp", settings) for pp in _degrees(sweep.pp, "pp", settings)]
-    for nodes in _node_counts(settings):
+    counts = _node_counts(settings)
+    batches = per_gpu_batches(settings, counts)
+    for nodes in counts:
         for strategy in sweep.strategies:
             As = sweep.A if strategy.startswith("fl_") else [None]
             Fs = sweep.F if strategy == "fl_hsdp" else [None]
@@ -132,7 +159,8 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
                 where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes, "tp": tp, "pp": pp}
                 if _excluded(where, sweep.exclude):
                     continue
-                repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or [], tp, pp))
+                repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or [], tp, pp,
+                                        batches[nodes]))
                              for rep in range(1, sweep.repeats + 1)]
     # round-robin: every configuration's first repeat, then every second one..., so that drift on the machine
     # (load, thermal, a noisy neighbour) spreads over all configurations instead of favouring the early ones
@@ -146,7 +174,7 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
 
 
 def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str,
-         point: dict[str, str], axes: list, tp: int, pp: int) -> Run:
+         point: dict[str, str], axes: list, tp: int, pp: int, batch: int) -> Run:
     cluster, sweep = settings.cluster, settings.sweep
     F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F, tp, pp)
     world = F_ * R * S * tp * pp
@@ -154,8 +182,8 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
         raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
                           f"at most {cluster.max_ranks} (cluster.max_ranks)")
     raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "pending", "model": settings.model,
-           "data": settings.data, "train": per_pipeline(settings.train, tp, pp), "device": cluster.device,
-           "backend": cluster.backend, "peak_flops": cluster.peak_flops}
+           "data": settings.data, "train": per_pipeline({**settings.train, "batch_per_rank": batch}, tp, pp),
+           "device": cluster.device, "backend": cluster.backend, "peak_flops": cluster.peak_flops}
     try:
         spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final
     except FedshardError as exc:

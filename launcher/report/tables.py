@@ -37,6 +37,7 @@ FORMATS = {  # display formats by column kind; CSV always holds the raw value
     "less": lambda v: oriented(v, "more"),
     "count": "{:,.0f}".format,  # tokens/s
     "percent": "{:+.1%}".format,  # a relative error held as a fraction
+    "share": "{:.1%}".format,  # a fraction of a whole (MFU)
 }
 _LATEX = {"&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{", "}": r"\}",
           "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}",
@@ -156,7 +157,7 @@ def planned_world(r: dict) -> int:
     return layout["F"] * layout["R"] * layout["S"]
 
 
-def _layout_cell(r: dict) -> str:
+def layout_cell(r: dict) -> str:
     """(F,R,S) as planned, `pp=P tp=T` where above 1, and `→ (F',R',S')*` where a run lost nodes and resumed on
     fewer (shrink_notes)."""
     cell = "({F},{R},{S})".format(**planned_layout(r))
@@ -168,7 +169,7 @@ def _config_columns(rows: list[dict]) -> list[tuple]:
     """Strategy, layout, A, then a column per key a multirun swept (launcher.multirun)."""
     swept = list(dict.fromkeys(key for r in rows for key in r["axes"]))
     return [("Strategy", "text", lambda r: NAMES[r["strategy"]]),
-            ("(F,R,S)", "text", _layout_cell),
+            ("(F,R,S)", "text", layout_cell),
             ("A", "auto", lambda r: r["A"]),
             *((key, "text", lambda r, key=key: r["axes"].get(key)) for key in swept)]
 

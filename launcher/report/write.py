@@ -11,6 +11,7 @@ from launcher.errors import StateError
 from launcher.placement import topology
 from launcher.report.plots import plots
 from launcher.report.prediction import prediction_plot, prediction_table
+from launcher.report.scaling import scaling_plot, scaling_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
 from launcher.store import Store
@@ -27,10 +28,12 @@ def notes_for(cluster) -> list[str]:
     return [LOCAL_NOTE] if cluster.executor == "local" else []
 
 
-def write_report(sweep_dir: Path, results: list[RunResult], cluster=None) -> tuple[str, list[Path]]:
-    """Write table3/table4 (and, where placement means something, the achieved placement) as .md/.csv/.tex and
-    the plots; return the markdown and every file written. `cluster`'s notes go under Table 3 (notes_for); on a
-    local cluster every rank ran on this machine, so no placement table is written."""
+def write_report(sweep_dir: Path, results: list[RunResult], cluster=None,
+                 scaling: str = "none") -> tuple[str, list[Path]]:
+    """Write table3/table4 (and, where placement means something, the achieved placement; for a weak or strong
+    `scaling` sweep, the scaling table) as .md/.csv/.tex and the plots; return the markdown and every file written.
+    `cluster`'s notes go under Table 3 (notes_for); on a local cluster every rank ran on this machine, so no
+    placement table is written."""
     sweep_dir = Path(sweep_dir)
     if not results:
         before = sweep_dir.parent.parent / sweep_dir.name  # <results_dir>/<sweep>, the layout before clusters
@@ -55,6 +58,8 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None) -> tup
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
         tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
                                     columns, rows, ["text", *["fixed"] * (len(columns) - 2), "text"])
+    if scaling != "none":
+        tables["scaling"] = scaling_table(results, scaling, local)
     written = []
     for name, table in tables.items():
         for ext, text in (("md", table.to_markdown()), ("csv", table.to_csv()), ("tex", table.to_latex())):
@@ -63,6 +68,8 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None) -> tup
     written += plots(sweep_dir, results)
     if steps is not None:
         written.append(prediction_plot(steps, sweep_dir / "prediction.png"))
+    if scaling != "none":
+        written.append(scaling_plot(results, scaling, sweep_dir / "scaling.png"))
     return "\n".join(t.to_markdown() for t in tables.values()), written
 
 
