@@ -15,6 +15,14 @@ def test_explaining_the_paper_quotes_its_script():
     assert not missing, f"docs/explaining-the-paper.md is stale; rerun the script and paste: {missing[:3]}"
 
 
+def test_explaining_seed_002_quotes_its_script():
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "explaining_seed_002.py")], capture_output=True,
+                         text=True, timeout=120, check=True).stdout
+    page = (ROOT / "docs" / "explaining-seed-002.md").read_text()
+    missing = [line for line in out.splitlines() if line.strip() and line not in page]
+    assert not missing, f"docs/explaining-seed-002.md is stale; rerun the script and paste: {missing[:3]}"
+
+
 def test_links_in_the_docs_point_to_committed_files():
     """A page (README, docs, committed results) linking a file git does not track is broken on a fresh clone."""
     import re
