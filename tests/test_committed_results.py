@@ -20,6 +20,8 @@ COMMITTED = {
     "local/precision_paper": ["sweep=precision_paper"],
     "testbed/agg_tradeoff": ["sweep=agg_tradeoff", "cluster=testbed"],
     "testbed/diloco": ["-m", "sweep=diloco", "cluster=testbed", "train.aggregation_dtype=fp32,int8"],
+    "testbed/scaling_strong": ["sweep=scaling_strong", "cluster=testbed"],
+    "testbed/scaling_weak": ["sweep=scaling_weak", "cluster=testbed"],
     "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
     "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
                                       "cluster=testbed"],
@@ -34,7 +36,7 @@ COMMITTED = {
     "testbed/validation_model_parallel": ["sweep=testbed_validation", "sweep.name=validation_model_parallel",
                                           "cluster=testbed"],
 }
-REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv")
+REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv", "scaling.csv")
 
 
 def test_every_committed_sweep_is_rebuilt_here():

@@ -182,3 +182,46 @@ def test_the_readme_findings_quote_the_studies():
     order = [ratio("train_time_s", by_seed(SLURM_ORDER, strategy="fl_hsdp", A=a),
                    by_seed(FEDSHARD_ORDER, strategy="fl_hsdp", A=a))[0] for a in (1, 16)]
     assert "makes FL+HSDP {:.2f}× to {:.2f}× slower".format(*order) in readme
+    weak, strong = (_mp(m, "fsdp", 8) for m in ("weak", "strong"))
+    pp2 = ratio("tokens_per_s", _mp("weak", "fsdp", 8, pp=2), weak)
+    assert "PP = 2 + FSDP beats FSDP with weak scaling ({:.3f}×, {:.3f}–{:.3f})".format(*pp2) in readme
+    tp2 = [ratio("tokens_per_s", _mp(m, "fsdp", 8, tp=2), b)[0] for m, b in (("weak", weak), ("strong", strong))]
+    assert "(0.{:03d}× and 0.{:03d}×)".format(*(round(t * 1000) for t in tp2)) in readme
+    fl = ratio("tokens_per_s", _mp("strong", "fl_fsdp", 8), strong)
+    assert "FL+FSDP runs {:.3f}× ({:.3f}–{:.3f}) FSDP's".format(*fl) in readme
+
+
+MP = {mode: f"testbed/scaling_{mode}" for mode in ("weak", "strong")}
+
+
+def _mp(mode: str, strategy: str, world: int, tp: int = 1, pp: int = 1) -> dict[int, dict]:
+    return by_seed(MP[mode], strategy=strategy, world_size=world, tp=tp, pp=pp)
+
+
+def _verdict(r: tuple[float, float, float], above: str = "beats", below: str = "loses") -> str:
+    return above if r[1] > 1 else below if r[2] < 1 else "undecided"
+
+
+@pytest.mark.parametrize("mode", ["weak", "strong"])
+def test_model_parallel_study_quotes_its_rules(mode):
+    """Rules 1-4 of results/studies/model_parallel: every ratio and verdict, recomputed from the runs."""
+    readme = " ".join(_readme("model_parallel").split())
+    fsdp = _mp(mode, "fsdp", 8)
+    mp = {"TP = 2": _mp(mode, "fsdp", 8, tp=2), "PP = 2": _mp(mode, "fsdp", 8, pp=2)}
+    for name, runs in mp.items():
+        r = ratio("tokens_per_s", runs, fsdp)
+        assert f"| {mode} | ({name} + FSDP) / FSDP | {cell(r)} | {_verdict(r)} |" in readme
+    faster = max(mp, key=lambda k: sum(x["tokens_per_s"] for x in mp[k].values()))
+    for name, strategy in (("FL+FSDP", "fl_fsdp"), ("FL+HSDP", "fl_hsdp")):
+        fl = _mp(mode, strategy, 8)
+        for base_name, base in (("FSDP", fsdp), (f"{faster} + FSDP", mp[faster])):
+            r = ratio("tokens_per_s", fl, base)
+            assert f"| {mode} | {name} / ({base_name}) | {cell(r)} | {_verdict(r)} |" in readme
+    for name, small, big in (("FSDP", _mp(mode, "fsdp", 2), fsdp),
+                             ("TP = 2 + FSDP", _mp(mode, "fsdp", 2, tp=2), mp["TP = 2"]),
+                             ("PP = 2 + FSDP", _mp(mode, "fsdp", 2, pp=2), mp["PP = 2"]),
+                             ("FL+FSDP", _mp(mode, "fl_fsdp", 4), _mp(mode, "fl_fsdp", 8))):
+        r = ratio("tokens_per_s_per_device", big, small)
+        assert f"| {mode} | {name} | {cell(r)} | {_verdict(r, 'rises', 'falls')} |" in readme
+    r = ratio("exposed_comm_s", fsdp, _mp(mode, "fsdp", 2))
+    assert f"| {mode} | FSDP exposed comm, 8 / 2 GPUs | {cell(r)} | {_verdict(r, 'grows', 'shrinks')} |" in readme
