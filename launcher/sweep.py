@@ -14,8 +14,9 @@ from launcher import multirun
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement, check_model_parallel, shards_per_node
 from launcher.settings import Settings
+from train import token_index
 from train.errors import FedshardError
-from train.sections import ModelSection, TextData, data_section
+from train.sections import ModelSection, TextData, TokensData, data_section
 from train.spec import STRATEGIES, RunSpec
 
 
@@ -136,10 +137,11 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
     interleaved round-robin. `point`: the values a multirun gave its swept `axes` (launcher.multirun), which
     `settings` were composed with; the run ids and specs carry them."""
     sweep = settings.sweep
-    ModelSection.from_dict(settings.model)  # what the jobs would refuse at start, refused here
+    model = ModelSection.from_dict(settings.model)  # what the jobs would refuse at start, refused here
     data = data_section(settings.data)
     if isinstance(data, TextData):
         data.files()  # a typo in a path fails now, not after a queue wait
+    prepared = token_index.load(data.path, data.tokenizer) if isinstance(data, TokensData) else None
     unknown = [s for s in sweep.strategies if s not in STRATEGIES]
     if unknown:
         raise ConfigError(f"unknown strategy {unknown[0]!r} in sweep {sweep.name!r}; "
@@ -159,9 +161,11 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
                 where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes, "tp": tp, "pp": pp}
                 if _excluded(where, sweep.exclude):
                     continue
-                repeated += [(rep, _run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or [], tp, pp,
-                                        batches[nodes]))
-                             for rep in range(1, sweep.repeats + 1)]
+                runs_here = [_run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or [], tp, pp,
+                                  batches[nodes]) for rep in range(1, sweep.repeats + 1)]
+                if prepared is not None:  # a prepared directory too small or of another vocabulary: refused now
+                    _feeds(prepared, data, model.llama_kwargs["vocab_size"], runs_here[0].spec)
+                repeated += list(enumerate(runs_here, 1))
     # round-robin: every configuration's first repeat, then every second one..., so that drift on the machine
     # (load, thermal, a noisy neighbour) spreads over all configurations instead of favouring the early ones
     runs = [run for _, run in sorted(repeated, key=lambda pair: pair[0])]
@@ -171,6 +175,15 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
     if len(set(ids)) != len(ids):
         raise ConfigError(f"sweep {sweep.name!r} has duplicate runs: {sorted({i for i in ids if ids.count(i) > 1})}")
     return runs
+
+
+def _feeds(index: dict, data: TokensData, vocab: int, spec: RunSpec) -> None:
+    cfg = spec.train
+    try:
+        token_index.check_run(index, data.path, vocab, cfg.seq_len, spec.dims.dp_world * cfg.batch_per_rank,
+                              cfg.steps, data.epochs)
+    except FedshardError as exc:
+        raise ConfigError(f"{spec.run_id}: {exc}") from None
 
 
 def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str,

@@ -51,6 +51,27 @@ class Ctx:
 
 # ---------------------------------------------------------------- prepare steps
 
+def prepared_tokens(truncate: bool = False):
+    """{tmp}/tokens: 80 words of text prepared with the tiny tokenizer; its last shard cut short if asked."""
+    def step(ctx: Ctx) -> None:
+        from train.prepare import prepare
+
+        (ctx.tmp / "corpus").mkdir()
+        (ctx.tmp / "corpus" / "a.txt").write_text(" ".join(f"w{i % 100}" for i in range(80)))
+        index, _ = prepare([str(ctx.tmp / "corpus")], str(ctx.tokenizer), ctx.tmp / "tokens", eval_fraction=0.3)
+        if truncate:
+            shard = ctx.tmp / "tokens" / index["files"][-1]["shard"]
+            shard.write_bytes(shard.read_bytes()[:-4])
+    return step
+
+
+def edited_tokenizer(ctx: Ctx) -> None:
+    """{tmp}/tok2: the tiny tokenizer with one file changed, so its hash differs."""
+    shutil.copytree(ctx.tokenizer, ctx.tmp / "tok2")
+    config = ctx.tmp / "tok2" / "tokenizer_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 17}))
+
+
 def snapshot(topology: str | None = None, nodes: str | None = None, nodes_file: bool = True):
     """A `slurm/capture.sh` directory at {tmp}/snap: the captured 22.05 cluster unless told otherwise."""
     def prepare(ctx: Ctx):
@@ -201,7 +222,7 @@ CASES = [
     ("unknown-sweep", launcher("sweep=nope"), "Could not find 'sweep/nope' (available sweep: agg_frequency, "
                                               "agg_tradeoff, batch_control_reference, batch_control_small, diloco, "
                                               "diloco_streaming, learn, paper_table3, paper_table4, "
-                                              "precision_fp32, precision_paper, smoke",
+                                              "precision_fp32, precision_paper, scaling_strong, scaling_weak, smoke",
      None),
     ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, nvl72, slurm", None),
     ("unknown-model", launcher("model=nope"), "available model: llama3_8b, mini, small, tiny", None),
@@ -417,6 +438,16 @@ CASES = [
      "data path does not exist: {tmp}/none.txt", None),
     ("launcher-tokenizer-missing", launcher("data=text", "data.paths=[{tmp}/data]", "data.tokenizer={tmp}/no_tok"),
      "data.tokenizer directory does not exist: {tmp}/no_tok", text_data("a.txt", "w1 w2")),
+    ("tokens-not-prepared", launcher("data=tokens", "data.path={tmp}/none"),
+     "{tmp}/none holds no index.json: prepare it first (python -m train.prepare", None),
+    ("tokens-other-tokenizer", launcher("data=tokens", "data.path={tmp}/tokens", "data.tokenizer={tmp}/tok2"),
+     "data.tokenizer {tmp}/tok2 (hash ", both(prepared_tokens(), edited_tokenizer)),
+    ("tokens-truncated-shard", launcher("data=tokens", "data.path={tmp}/tokens"), "is truncated (",
+     prepared_tokens(truncate=True)),
+    ("tokens-vocab-too-large", launcher("data=tokens", "data.path={tmp}/tokens", "+model.vocab_size=100"),
+     "was tokenized with a vocabulary of 122 but the model has 100 embeddings", prepared_tokens()),
+    ("tokens-corpus-too-small", launcher("data=tokens", "data.path={tmp}/tokens", "train.seq_len=64"),
+     "fewer than one global batch of 16 sequences", prepared_tokens()),
     # ---- run identity: results of another experiment are never reused
     ("other-experiment", launcher("model=tiny"),
      "{tmp}/results/local/smoke/fsdp-F1-R1-S4 holds a run of another experiment (model.preset: 'small' -> 'tiny'); "

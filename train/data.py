@@ -33,16 +33,15 @@ zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide
     perplexity of the eval set's own unigram frequencies over its predicted tokens (the best
     context-free model of exactly that data, counted).
 """
-import json
 import math
 from abc import ABC, abstractmethod
-from pathlib import Path
 
 import numpy as np
 import torch
 
+from train.documents import documents, load_tokenizer
 from train.errors import DataError
-from train.sections import DataSection, SyntheticData, TextData, data_section
+from train.sections import DataSection, SyntheticData, TextData, TokensData, data_section
 
 _CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
 
@@ -81,6 +80,11 @@ class TokenSource(ABC):
     @abstractmethod
     def describe(self) -> dict:
         """Small JSON-able summary written into result files."""
+
+    def seen(self, tokens: int) -> dict:
+        """What a run that trained `tokens` tokens drew from this source, for result.json (nothing to say for
+        sources drawn with replacement)."""
+        return {}
 
 
 class SyntheticSource(TokenSource):
@@ -140,54 +144,16 @@ class SyntheticSource(TokenSource):
                 "eval_sequences": self.eval_sequences}
 
 
-def _documents(file: Path, key: str) -> list[str]:
-    try:
-        if file.suffix == ".txt":
-            return [file.read_text(encoding="utf-8")]
-        if file.suffix == ".jsonl":
-            docs = []
-            for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        doc = json.loads(line)
-                    except json.JSONDecodeError:
-                        raise DataError(f"{file}:{n}: line is not valid JSON") from None
-                    if not isinstance(doc, dict) or not isinstance(doc.get(key), str):
-                        raise DataError(f"{file}:{n}: no string field {key!r}")
-                    docs.append(doc[key])
-            return docs
-        import pyarrow.parquet as pq  # imported here so synthetic runs do not pay for it
-
-        if key not in pq.read_schema(file).names:
-            raise DataError(f"{file}: no column {key!r}")
-        docs = [d for d in pq.read_table(file, columns=[key]).column(key).to_pylist() if d is not None]
-        if not all(isinstance(d, str) for d in docs):
-            raise DataError(f"{file}: column {key!r} is not text")
-        return docs
-    except (OSError, ValueError) as e:  # ValueError covers UnicodeDecodeError and ArrowInvalid
-        raise DataError(f"cannot read {file}: {e}") from None
-
-
-def _load_tokenizer(directory: str):
-    from transformers import AutoTokenizer  # heavy import, only needed for text data
-
-    try:
-        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    except Exception as e:  # transformers raises many types; all mean "unusable tokenizer"
-        reason = " ".join(str(e).split())[:300]
-        raise DataError(f"cannot load tokenizer from {directory}: {reason}") from None
-
-
 class TextSource(TokenSource):
     """Local text packed into fixed blocks; the tail blocks are the held-out eval set."""
 
     def __init__(self, data: TextData, model_vocab: int, seq_len: int, seed: int):
         files = data.files()  # checks the tokenizer directory too
         paths, tokenizer, eval_fraction = data.paths, data.tokenizer, float(data.eval_fraction)
-        tok = _load_tokenizer(tokenizer)
+        tok = load_tokenizer(tokenizer)
         if len(tok) > model_vocab:
             raise DataError(f"tokenizer {tokenizer} has {len(tok)} tokens but the model vocab is {model_vocab}")
-        docs = [d for f in files for d in _documents(f, data.text_key) if d]
+        docs = [d for f in files for d in documents(f, data.text_key) if d]
         sep = [] if tok.eos_token_id is None else [tok.eos_token_id]
         ids = []
         for doc_ids in tok(docs, add_special_tokens=False, verbose=False)["input_ids"] if docs else []:
@@ -228,9 +194,11 @@ class TextSource(TokenSource):
                 "train_blocks": len(self.train_blocks), "eval_blocks": len(self.eval_blocks)}
 
 
-def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed: int) -> TokenSource:
+def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed: int, streams: int = 1,
+                 global_batch: int | None = None, steps: int | None = None) -> TokenSource:
     """The source a data section names. Its keys and types were checked by train.sections; what needs the
-    model's vocabulary (vocab and branching ranges) is checked here, before any process group starts."""
+    model's vocabulary (vocab and branching ranges) is checked here, before any process group starts. `streams`
+    (data-parallel ranks), `global_batch` and `steps` let a prepared directory check it can feed the run."""
     if isinstance(data, dict):
         data = data_section(data)
     if not isinstance(seed, int) or seed < 0 or not isinstance(seq_len, int) or seq_len < 1:
@@ -239,4 +207,15 @@ def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed:
         vocab = _in_range("vocab", min(model_vocab, 512) if data.vocab is None else data.vocab, 2, model_vocab)
         return SyntheticSource(vocab, _in_range("branching", data.branching, 1, vocab),
                                _in_range("eval_sequences", data.eval_sequences, 1, 1 << 20), seed)
+    if isinstance(data, TokensData):
+        from train.tokens import TokensSource  # it imports this module
+
+        return TokensSource(data, model_vocab, seq_len, seed, streams, global_batch, steps)
     return TextSource(data, model_vocab, seq_len, seed)
+
+
+def for_run(spec, model_vocab: int) -> TokenSource:
+    """The source of a run spec (train.spec.RunSpec): its data-parallel ranks are the streams it draws for."""
+    streams, cfg = spec.dims.dp_world, spec.train
+    return build_source(spec.data, model_vocab, cfg.seq_len, cfg.seed, streams, streams * cfg.batch_per_rank,
+                        cfg.steps)

@@ -37,7 +37,7 @@ class Trainer:
         Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
-        self.source = source or data.build_source(spec.data, self.config.vocab_size, self.cfg.seq_len, self.cfg.seed)
+        self.source = source or data.for_run(spec, self.config.vocab_size)
         self.world, self.dims = spec.world_size, spec.dims
         self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
         self.mesh = meshes.build(device, self.dims)
@@ -330,7 +330,8 @@ class Trainer:
             baseline_ppl=self.source.baseline_ppl, started_at=self.state.started_at, axes=dict(spec.axes),
             phases=self.log.phase_stats(), aggregation_event=self.log.aggregation_event_stats(),
             aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
-            peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend, data=self.source.describe(),
+            peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend,
+            data={**self.source.describe(), **self.source.seen(tokens)},
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
             layout_changes=self.state.layout_changes,
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
@@ -342,7 +343,7 @@ class Trainer:
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     """Train one spec in this process (one rank). Rank 0 writes result.json last, atomically, and returns it."""
     config = models.llama_config(spec.model)
-    source = data.build_source(spec.data, config.vocab_size, spec.train.seq_len, spec.train.seed)
+    source = data.for_run(spec, config.vocab_size)
     env = launch_env.detect(environ)
     if env.world_size != spec.world_size:
         names, sizes = ("F*R*S", spec.dims.shape[:3]) if spec.world_size == spec.dims.dp_world else \

@@ -160,8 +160,28 @@ def describe(hint) -> str:
             list: "a list", type(None): "null"}[hint]
 
 
-DataSection = SyntheticData | TextData
-DATA_KINDS: dict[str, type] = {cls.kind: cls for cls in (SyntheticData, TextData)}
+@dataclass(frozen=True)
+class TokensData:
+    """A directory prepared by `python -m train.prepare`, memory-mapped and drawn without replacement
+    (train.tokens.TokensSource)."""
+
+    kind: ClassVar[str] = "tokens"
+    path: str = ""
+    tokenizer: str | None = None  # when set, it must be the tokenizer the directory was prepared with
+    epochs: float | None = None  # when set, train.steps must cover exactly this many epochs (checked before runs)
+
+    def validate(self) -> None:
+        if not isinstance(self.path, str) or not self.path:
+            raise DataError(f"data.path must be a directory prepared by python -m train.prepare, got {self.path!r}")
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise DataError(f"data.tokenizer must be a local directory path or null, got {self.tokenizer!r}")
+        if self.epochs is not None and (isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float))
+                                        or not self.epochs > 0):
+            raise DataError(f"data.epochs must be a number > 0 or null, got {self.epochs!r}")
+
+
+DataSection = SyntheticData | TextData | TokensData
+DATA_KINDS: dict[str, type] = {cls.kind: cls for cls in (SyntheticData, TextData, TokensData)}
 
 
 def data_section(raw: Mapping) -> DataSection:
