@@ -15,6 +15,7 @@ energy counter, read once per node; `pip install nvidia-ml-py`, else the reason 
 Layouts need 2 ranks (FL+HSDP: 4); those that do not fit the node's GPUs are skipped, saying so.
 `--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any
 check fails. Run: python -m bench.gpu_check [--steps 8] [--model small] [--seq-len 256] [--out DIR]
+[--strategies fsdp,hsdp,...] (a subset: a quicker check).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from train.result import RunResult
+from train.spec import STRATEGIES
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, per GPU
 
@@ -80,7 +82,8 @@ def check_strategies(args, device: str, out: Path) -> bool:
     print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7} {'exposed':>10} {'tokens/J':>9}  "
           f"{args.compare} step losses vs fp32 CPU")
     energy_sources = set()
-    for strategy, layout in layouts(args.ranks).items():
+    chosen = {s: layout for s, layout in layouts(args.ranks).items() if s in args.strategies}
+    for strategy, layout in chosen.items():
         result, losses = train(spec(f"{strategy}-{device}", strategy, layout, out, args, device, "bf16"),
                                args.ranks, out, device)
         _, reference = train(spec(f"{strategy}-reference", strategy, layout, out, args, "cpu", "fp32"),
@@ -96,7 +99,7 @@ def check_strategies(args, device: str, out: Path) -> bool:
               f"{mfu:>7} {exposed:>10} {per_joule:>9}  max rel diff {worst:.2e} "
               f"{'ok' if passed else f'FAIL (> {args.tolerance:g})'}")
     print("energy: " + "; ".join(sorted(energy_sources)))
-    skipped = sorted({"fsdp", "hsdp", "fl_fsdp", "fl_hsdp"} - set(layouts(args.ranks)))
+    skipped = sorted(set(args.strategies) - set(chosen))
     if skipped:
         print(f"skipped {', '.join(skipped)}: {args.ranks} rank(s) cannot hold their layouts")
     return ok
@@ -124,6 +127,8 @@ def main(argv=None) -> int:
     parser.add_argument("--ranks", type=int, default=None, help="default: every GPU of the node")
     parser.add_argument("--model", default="small", help="model preset (small: ~5 M parameters)")
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help="comma-separated subset of the four strategies to check (all)")
     parser.add_argument("--compare", type=int, default=None, help="leading steps whose losses are compared (all)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
@@ -131,6 +136,10 @@ def main(argv=None) -> int:
     parser.add_argument("--peak-flops", type=float, default=None, help="per device, for MFU")
     parser.add_argument("--out", type=Path, default=None, help="where the runs go (default: a temporary dir)")
     args = parser.parse_args(argv)
+    args.strategies = args.strategies.split(",")
+    unknown = sorted(set(args.strategies) - set(STRATEGIES))
+    if unknown:
+        parser.error(f"--strategies: unknown {', '.join(unknown)}; expected some of {', '.join(STRATEGIES)}")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no GPU")

@@ -60,3 +60,27 @@ def make_result(**fields):
                 aggregation_event=idle, aggregations=0, timing="phases", precision="fp32", params=1000,
                 peak_memory_bytes=10**6, mfu=None, device="cpu", backend="gloo", data={"kind": "synthetic"}, ranks=[])
     return RunResult(**{**base, **fields})
+
+
+def uninterrupted(spec: dict):
+    """`spec` trained from start to end on forkserver ranks (train.local_ranks), writing what `python -m train`
+    writes into its out_dir (metrics.jsonl, evals.jsonl, checkpoints, result.json); returns the result. The
+    reference an interrupted run is compared with, without each rank's ~4 s start of a fresh interpreter; the
+    interrupted runs themselves go through the real entrypoint."""
+    from train.local_ranks import run_ranks
+    from train.spec import RunSpec
+
+    return run_ranks(_uninterrupted_rank, RunSpec.from_dict(spec).world_size, spec)[0]
+
+
+def _uninterrupted_rank(rank: int, world: int, raw: dict):
+    from train.loop import Trainer
+    from train.spec import RunSpec
+
+    spec = RunSpec.from_dict(raw)
+    out_dir = Path(spec.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = Trainer(spec, rank, "cpu", out_dir=out_dir).run("gloo")
+    if result is not None:
+        result.save(out_dir / "result.json")
+    return result

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.support import losses
+from tests.support import losses, uninterrupted
 from tests.test_checkpoint import _spec, _torchrun
 from train.checkpoint import Checkpointer
 from train.outer import split
@@ -29,8 +29,7 @@ def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exa
         raw["train"].update(steps=40, checkpoint_every=10, **keys, **more)
         path.write_text(json.dumps(raw))
         return path
-    reference = _torchrun(spec("reference"))
-    assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
+    uninterrupted(json.loads(spec("reference").read_text()))
     first = _torchrun(spec("killed"), entry=["tests.crash_in_checkpoint", str(crash_at), "2"])
     assert first.wait(timeout=600) != 0
     second = _torchrun(spec("killed"))

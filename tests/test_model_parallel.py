@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.reference import Reference
-from tests.support import clean_env, losses
+from tests.support import clean_env, losses, uninterrupted
 from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.result import RunResult
@@ -132,8 +132,7 @@ def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
     losses of an uninterrupted run, bit for bit; result.json records the layout."""
     spec = _spec("fl_fsdp", 2, 1, 1, A=4, tp=2, pp=2, microbatches=2, pp_schedule="gpipe", steps=16, log_every=4,
                  stop_check_every=1, eval_every=8)
-    reference = _torchrun(spec, tmp_path, "reference")
-    assert reference.wait(timeout=600) == 0, reference.stderr.read()[-2000:]
+    uninterrupted({**spec, "out_dir": str(tmp_path / "reference")})
     stopped = _torchrun(spec, tmp_path, "stopped", entry=["tests.stop_at_step", "10"])
     assert stopped.wait(timeout=600) != 0 and "after step 10" in stopped.stderr.read()
     resumed = _torchrun(spec, tmp_path, "stopped")
