@@ -55,6 +55,9 @@ def compute_only_s(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
         _sync(device)
         times.append(time.perf_counter() - start)
     timed = times[1:] or times
+    for module in model.modules():  # the gathered parameters are freed again
+        if isinstance(module, FSDPModule):
+            module.reshard()
     return sum(timed) / len(timed)
 
 
