@@ -4,23 +4,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_explaining_the_paper_quotes_its_script():
-    out = subprocess.run([sys.executable, str(ROOT / "docs" / "explaining_the_paper.py")], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
-    page = (ROOT / "docs" / "explaining-the-paper.md").read_text()
-    missing = [line for line in out.splitlines() if line.strip() and line not in page]
-    assert not missing, f"docs/explaining-the-paper.md is stale; rerun the script and paste: {missing[:3]}"
-
-
-def test_explaining_seed_002_quotes_its_script():
-    out = subprocess.run([sys.executable, str(ROOT / "docs" / "explaining_seed_002.py")], capture_output=True,
-                         text=True, timeout=120, check=True).stdout
-    page = (ROOT / "docs" / "explaining-seed-002.md").read_text()
-    missing = [line for line in out.splitlines() if line.strip() and line not in page]
-    assert not missing, f"docs/explaining-seed-002.md is stale; rerun the script and paste: {missing[:3]}"
+@pytest.mark.parametrize("script,page", [("explaining_the_paper.py", "explaining-the-paper.md"),
+                                         ("explaining_seed_002.py", "explaining-seed-002.md")])
+def test_an_explaining_page_quotes_its_script(script, page):
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / script)], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    text = (ROOT / "docs" / page).read_text()
+    missing = [line for line in out.splitlines() if line.strip() and line not in text]
+    assert not missing, f"docs/{page} is stale; rerun docs/{script} and paste: {missing[:3]}"
 
 
 def test_links_in_the_docs_point_to_committed_files():
