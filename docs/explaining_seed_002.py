@@ -2,12 +2,13 @@
 
     python docs/explaining_seed_002.py
 
-Fernandez et al. (arXiv 2411.13055; ../shared/PAPER.md, "The companion study"): Llama-2 7B, context 4,096, on
-DGX A100 and DGX H100 nodes of 8 GPUs, FSDP with TP or PP, up to 256 nodes. Every input is a published hardware
-figure or NCCL's own latency table (see the .md); nothing is fitted to the seed's measurements.
+Fernandez et al. (arXiv 2411.13055; tests/fixtures/seed_002.md, copied from the project's PAPER.md): Llama-2 7B,
+context 4,096, on DGX A100 and DGX H100 nodes of 8 GPUs, FSDP with TP or PP, up to 256 nodes. Every input is a
+published hardware figure or NCCL's own latency table (see the .md); nothing is fitted to the seed's measurements.
 """
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,9 +48,22 @@ BASE_ALPHA, NVLINK_STEP, NET_STEP = 8.4e-6, 3.4e-6, 9.6e-6
 # NCCL's tuning model prices only a ring's node-crossing steps at the network figure: with 8 GPUs of a ring on
 # each node that is 1 step in 8, the rest at NVLink's.
 SPLIT_STEP = (NET_STEP + (G - 1) * NVLINK_STEP) / G
-# The seed's figures (../shared/PAPER.md): weak-scaling per-GPU throughput loss 128 -> 2,048 GPUs, power per GPU
-# there (W), TP's words/s gain and extra power at 2,048 GPUs, best-layout MFU on A100 and H100.
-SEED_WEAK_LOSS, SEED_WATTS, SEED_TP_GAIN, SEED_TP_WATTS, SEED_MFU = 0.3722, (658, 620), 0.5260, 30, (0.5967, 0.4077)
+SEED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "seed_002.md"
+
+
+def seed_figures(text: str) -> tuple:
+    """The seed's figures, read from its record: weak-scaling per-GPU throughput loss 128 -> 2,048 GPUs, power per
+    GPU there (W), TP's words/s gain and extra power at 2,048 GPUs, best-layout MFU on A100 and H100."""
+    text = " ".join(text.split())
+    loss = re.search(r"words/s per device fall ([\d.]+) %", text)
+    watts = re.search(r"\((\d+) → (\d+) W\)", text)
+    tp = re.search(r"TP raised words/s by ([\d.]+) % for \+(\d+) W", text)
+    mfu = re.search(r"MFU ([\d.]+) % → ([\d.]+) %", text)
+    return (float(loss[1]) / 100, (int(watts[1]), int(watts[2])), float(tp[1]) / 100, int(tp[2]),
+            (float(mfu[1]) / 100, float(mfu[2]) / 100))
+
+
+SEED_WEAK_LOSS, SEED_WATTS, SEED_TP_GAIN, SEED_TP_WATTS, SEED_MFU = seed_figures(SEED.read_text())
 
 
 @dataclass(frozen=True)
