@@ -56,6 +56,13 @@ def _entropy(p: np.ndarray) -> float:
     return float(-(p * np.log(p)).sum())
 
 
+def unigram_ppl(eval_blocks: torch.Tensor, vocab: int) -> float:
+    """baseline_ppl of packed text: the perplexity of the eval blocks' own unigram frequencies over the tokens eval
+    perplexity scores (labels shift by one), the best context-free model of exactly that data."""
+    predicted = eval_blocks[:, 1:].reshape(-1).numpy()
+    return math.exp(_entropy(np.bincount(predicted, minlength=vocab) / predicted.size))
+
+
 def _in_range(key: str, value: int, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise DataError(f"data.{key} must be an integer in [{lo}, {hi}], got {value!r}")
@@ -80,6 +87,12 @@ class TokenSource(ABC):
     @abstractmethod
     def describe(self) -> dict:
         """Small JSON-able summary written into result files."""
+
+    def _check_len(self, seq_len: int) -> None:
+        """Packed sources are opened for one seq_len (their block counts and baseline depend on it)."""
+        if seq_len != self.seq_len:
+            raise DataError(f"{self.describe()['kind']} data was opened for seq_len {self.seq_len}, asked for "
+                            f"{seq_len}")
 
     def seen(self, tokens: int) -> dict:
         """What a run that trained `tokens` tokens drew from this source, for result.json (nothing to say for
@@ -170,13 +183,8 @@ class TextSource(TokenSource):
             raise DataError(f"eval_fraction {eval_fraction} leaves no training block out of {n_blocks}")
         self.train_blocks, self.eval_blocks = blocks[:-n_eval], blocks[-n_eval:]
         self.vocab_size, self.floor_ppl = len(tok), None
-        predicted = self.eval_blocks[:, 1:].reshape(-1)  # the tokens eval perplexity scores (labels shift by one)
-        self.baseline_ppl = math.exp(_entropy(np.bincount(predicted.numpy(), minlength=len(tok)) / predicted.numel()))
+        self.baseline_ppl = unigram_ppl(self.eval_blocks, len(tok))
         self.seq_len, self.seed, self.tokenizer, self.n_files = seq_len, seed, tokenizer, len(files)
-
-    def _check_len(self, seq_len: int) -> None:
-        if seq_len != self.seq_len:
-            raise DataError(f"text data was packed for seq_len {self.seq_len}, asked for {seq_len}")
 
     def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
         self._check_len(seq_len)

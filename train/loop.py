@@ -258,13 +258,15 @@ class Trainer:
         """The whole run; rank 0 returns its result (only rank 0 holds every logged step: the others may hold
         none, after a resume from the last step), the other ranks None."""
         self.restore()
-        ranks = [None] * self.world
+        gathered = [None] * self.world  # where each rank runs, and on which machine (its energy reader's)
         host = socket.gethostname()
-        dist.all_gather_object(ranks, {"rank": self.rank, "host": host,
-                                       "node": os.environ.get("SLURMD_NODENAME", host),
-                                       "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")})
+        dist.all_gather_object(gathered, ({"rank": self.rank, "host": host,
+                                           "node": os.environ.get("SLURMD_NODENAME", host),
+                                           "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")},
+                                          energy.machine_id()))
+        ranks, machines = [r for r, _ in gathered], [m for _, m in gathered]
         before = (self.state.tokens, self.state.train_time_s)  # this attempt's energy covers this attempt only
-        energy_source = self._open_meter(ranks)
+        energy_source = self._open_meter(ranks[self.rank]["node"], machines)
         train_time = self.train()
         joules = self.meter.stop() if self.meter is not None else None
         eval_ppl, eval_time = self.evaluate(self.cfg.steps)
@@ -291,17 +293,15 @@ class Trainer:
                             {"aggregation_bytes": int(maxima[1].item()), "aggregation_exchange_s": maxima[2].item(),
                              **efficiency})
 
-    def _open_meter(self, ranks: list[dict]) -> str | None:
-        """Start this machine's energy reader on its lowest rank (collective); returns what it reads (None: not
-        a reader, this machine's counter is another rank's), or why it cannot."""
-        machines = [None] * self.world
-        dist.all_gather_object(machines, energy.machine_id())
+    def _open_meter(self, node: str, machines: list[str]) -> str | None:
+        """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id); returns
+        what it reads (None: not a reader, this machine's counter is another rank's), or why it cannot."""
         if machines.index(machines[self.rank]) != self.rank:
             return None
         try:
             counter = energy.open_counter(self.device)
         except energy.Unavailable as exc:
-            return f"none: {ranks[self.rank]['node']}: {exc}"
+            return f"none: {node}: {exc}"
         self.meter = energy.EnergyMeter(counter.read)
         self.meter.start()
         return counter.source

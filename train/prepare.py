@@ -206,11 +206,10 @@ def prepare(paths: list[str], tokenizer: str, out: Path, workers: int = 1, text_
     if workers > 1 and len(todo) > 1:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker process
         with ProcessPoolExecutor(min(workers, len(todo))) as pool:
-            futures = [pool.submit(tokenize, j, tok, out) for j in todo]
+            futures = {pool.submit(tokenize, j, tok, out): j for j in todo}
             for future in as_completed(futures):
-                record = future.result()
-                records[Path(record["shard"]).stem[len("shard-"):]] = record
-                progress.add(record)
+                records[futures[future].shard] = future.result()
+                progress.add(records[futures[future].shard])
     else:
         for j in todo:
             records[j.shard] = tokenize(j, tok, out)

@@ -11,15 +11,13 @@ epoch or is skipped. (An elastic resume that changes the number of streams renum
 from __future__ import annotations
 
 import functools
-import math
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from train import token_index
-from train.data import TokenSource
-from train.errors import DataError
+from train.data import TokenSource, unigram_ppl
 from train.sections import TokensData
 
 _PERMUTATION = 3  # SeedSequence domain tag (train.data uses 0-2)
@@ -41,10 +39,7 @@ class TokensSource(TokenSource):
         self.eval_start = self.index["tokens"] - self.index["eval_tokens"]
         self.vocab_size, self.floor_ppl = self.index["tokenizer"]["size"], None
         self.seq_len, self.seed, self.streams, self.path = seq_len, seed, streams, data.path
-        predicted = self.eval_set(seq_len)[:, 1:].reshape(-1).numpy()
-        freq = np.bincount(predicted, minlength=self.vocab_size) / predicted.size
-        freq = freq[freq > 0]
-        self.baseline_ppl = math.exp(float(-(freq * np.log(freq)).sum()))
+        self.baseline_ppl = unigram_ppl(self.eval_set(seq_len), self.vocab_size)
 
     def _tokens(self, start: int, count: int) -> np.ndarray:
         """Tokens [start, start + count) of the whole stream, across shard boundaries."""
@@ -58,10 +53,6 @@ class TokensSource(TokenSource):
             done += len(piece)
             shard += 1
         return out
-
-    def _check_len(self, seq_len: int) -> None:
-        if seq_len != self.seq_len:
-            raise DataError(f"the token source was opened for seq_len {self.seq_len}, asked for {seq_len}")
 
     @functools.lru_cache(maxsize=2)
     def permutation(self, epoch: int) -> np.ndarray:
