@@ -1,5 +1,5 @@
-"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report|probe|validate] [results_dir=DIR] [overrides]`
-(also installed as `fedshard`).
+"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report|probe|validate|prepare] [results_dir=DIR]
+[overrides]` (also installed as `fedshard`).
 
 Overrides are composed by Hydra here, so that every error is one line; Hydra's own flags (--help,
 --hydra-help, --cfg job|hydra|all, --package, --resolve, --info, --shell-completion) are handed to a
@@ -60,6 +60,10 @@ def main(argv: list[str]) -> int:
 
             probe(settings, runs)
             return 0
+        if settings.action == "prepare":
+            from launcher.prepare import prepare
+
+            return prepare(settings)
         if settings.action == "report":
             from launcher.report.results import load_results
             from launcher.report.write import outputs, write_report

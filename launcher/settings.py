@@ -21,7 +21,7 @@ from train.sections import check_types, matches, reject_unknown
 # the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
 CONF_DIR = next((d for d in (Path(__file__).resolve().parent / "conf", Path(__file__).resolve().parent.parent / "conf")
                  if (d / "config.yaml").exists()), Path(__file__).resolve().parent.parent / "conf")
-ACTIONS = ("run", "plan", "report", "probe", "validate")
+ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare")
 # in_job: ranks ordered by topology at job start; pinned: nodes and rank order chosen at submission;
 # slurm: SLURM's own node and rank order kept (the paper's runs; the placement ablation's baseline)
 PLACEMENTS = ("in_job", "pinned", "slurm")
@@ -124,6 +124,18 @@ class Wandb:
 
 
 @dataclass
+class Prepare:
+    """action=prepare: the corpus train.prepare tokenizes into data.path, as one CPU job (launcher.prepare)."""
+
+    sources: list[str]           # .txt / .jsonl / .parquet files or directories
+    workers: int                 # tokenizer processes; on SLURM also the job's --cpus-per-task
+    text_key: str                # the jsonl field or parquet column holding text
+    eval_fraction: float         # the held-out tail of the tokens
+    partition: str | None = None  # null: cluster.partition
+    time_min: int | None = None   # null: cluster.time_min
+
+
+@dataclass
 class Sweep:
     name: str
     strategies: list[str]
@@ -155,6 +167,7 @@ class Settings:
     data: dict
     wandb: dict
     probe: dict
+    prepare: Prepare
 
     @property
     def sweep_dir(self) -> Path:
@@ -246,7 +259,7 @@ def compose(overrides: list[str]) -> Settings:
     for key in ("poll_s", "progress_s"):
         if not matches(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
-    for key in ("model", "train", "data", "wandb", "probe"):
+    for key in ("model", "train", "data", "wandb", "probe", "prepare"):
         if not isinstance(raw[key], dict):
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
@@ -265,7 +278,8 @@ def compose(overrides: list[str]) -> Settings:
         retry_shrink=raw["retry_shrink"], poll_s=float(raw["poll_s"]),
         progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
-        data=raw["data"], wandb=_wandb_settings(raw["wandb"]), probe=_probe_settings(raw["probe"]))
+        data=raw["data"], wandb=_wandb_settings(raw["wandb"]), probe=_probe_settings(raw["probe"]),
+        prepare=_prepare_settings(raw["prepare"]))
 
 
 def _wandb_settings(raw: dict) -> dict:
@@ -281,6 +295,17 @@ def _probe_settings(probe: dict) -> dict:
         if not matches(probe.get(key), int) or probe[key] < low:
             raise ConfigError(f"probe.{key} must be an integer >= {low}, got {probe.get(key)!r}")
     return probe
+
+
+def _prepare_settings(raw: dict) -> Prepare:
+    prepare = _typed(Prepare, raw, "prepare")
+    if prepare.workers < 1:
+        raise ConfigError(f"prepare.workers must be at least 1, got {prepare.workers}")
+    if not 0 < prepare.eval_fraction < 1:
+        raise ConfigError(f"prepare.eval_fraction must be in (0, 1), got {prepare.eval_fraction}")
+    if prepare.time_min is not None and prepare.time_min < 1:
+        raise ConfigError(f"prepare.time_min must be a positive integer or null, got {prepare.time_min}")
+    return prepare
 
 
 _TRAIN_OVERRIDE = re.compile(r"^\+{0,2}(sweep\.)?train\.(\w+)=")

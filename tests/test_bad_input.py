@@ -448,6 +448,14 @@ CASES = [
      "was tokenized with a vocabulary of 122 but the model has 100 embeddings", prepared_tokens()),
     ("tokens-corpus-too-small", launcher("data=tokens", "data.path={tmp}/tokens", "train.seq_len=64"),
      "fewer than one global batch of 16 sequences", prepared_tokens()),
+    ("prepare-not-tokens", launcher("action=prepare", "data=synthetic"),
+     "action=prepare writes a data=tokens directory, but data.kind is 'synthetic'", None),
+    ("prepare-no-sources", launcher("action=prepare", "data=tokens", "data.path={tmp}/out",
+                                    "data.tokenizer={TOKENIZER}"), "action=prepare needs prepare.sources=[PATH,...]",
+     None),
+    ("prepare-other-tokenizer", launcher("action=prepare", "data=tokens", "data.path={tmp}/tokens",
+                                         "data.tokenizer={tmp}/tok2", "prepare.sources=[{tmp}/corpus]"),
+     "{tmp}/tokens was prepared with tokenizer ", both(prepared_tokens(), edited_tokenizer)),
     # ---- run identity: results of another experiment are never reused
     ("other-experiment", launcher("model=tiny"),
      "{tmp}/results/local/smoke/fsdp-F1-R1-S4 holds a run of another experiment (model.preset: 'small' -> 'tiny'); "

@@ -1,6 +1,7 @@
 """python -m train.prepare: token shards and an index that match the tokenizer, idempotent, resumable, parallel;
 and the bad inputs a prepared directory can meet, each one line."""
 import json
+import re
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import WORDS
-from tests.support import ROOT, clean_env
+from tests.support import ROOT, clean_env, wait_for
 from train import token_index
 from train.errors import DataError
 from train.prepare import INDEX, prepare
@@ -80,6 +81,71 @@ def test_a_killed_preparation_resumes_without_redoing_finished_shards(corpus, ti
     now = {r["shard"]: (out / r["shard"]).stat().st_mtime_ns for r in whole["files"]}
     assert [now[s] == kept[s] for s in kept] == [True, False, True]
     assert not list(out.glob(".shard-*"))
+
+
+def test_a_preparation_killed_by_sigkill_resumes_and_ends_as_one_never_killed(tiny_tokenizer, tmp_path):
+    """A real kill (SIGKILL, once a few shards are recorded): the rerun keeps those shards untouched, tokenizes
+    the rest, and its index and shards are those of a preparation that was never killed."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(40):  # ~25 ms of tokenizing each: the kill lands mid-run
+        docs = (" ".join(rng.choice(WORDS, 40)) for _ in range(1500))
+        (root / f"f{i:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    run = [sys.executable, "-m", "train.prepare", str(root), "--tokenizer", str(tiny_tokenizer), "--workers", "1",
+           "--out"]
+    out = tmp_path / "out"
+    proc = subprocess.Popen([*run, str(out)], cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(list(out.glob("shard-*.json"))) >= 2, "two finished shards", timeout_s=120,
+                 alive=lambda: proc.poll() is None)
+    finally:
+        proc.kill()
+        proc.wait()
+    finished = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
+    records = sum(name.endswith(".json") for name in finished)
+    assert not (out / INDEX).exists() and 2 <= records < 40
+    proc = subprocess.run([*run, str(out)], capture_output=True, text=True, cwd=ROOT, env=clean_env())
+    assert proc.returncode == 0 and f"({records} shard(s) reused from an interrupted run)" in proc.stdout, proc.stderr
+    assert all(out.joinpath(name).stat().st_mtime_ns == stamp for name, stamp in finished.items()
+               if name.endswith(".json"))
+    clean, _ = prepare([str(root)], str(tiny_tokenizer), tmp_path / "clean")
+    assert json.loads((out / INDEX).read_text()) == clean
+    assert all((out / r["shard"]).read_bytes() == (tmp_path / "clean" / r["shard"]).read_bytes()
+               for r in clean["files"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "clean").iterdir())
+
+
+def test_the_launcher_prepares_as_one_job_and_a_rerun_does_nothing(corpus, tiny_tokenizer, tmp_path):
+    """action=prepare on cluster=local: a submitit job runs train.prepare; the same command again is a no-op, and
+    an error inside the job comes back as one line."""
+    root, _ = corpus
+
+    def launch(out, sources):
+        return subprocess.run([sys.executable, "-m", "launcher", "action=prepare", "data=tokens", f"data.path={out}",
+                               f"data.tokenizer={tiny_tokenizer}", f"prepare.sources=[{sources}]",
+                               f"results_dir={tmp_path / 'res'}", "prepare.workers=1", "poll_s=0.2"],
+                              capture_output=True, text=True, cwd=ROOT, env=clean_env())
+
+    first = launch(tmp_path / "out", root)
+    assert first.returncode == 0, first.stderr
+    lines = first.stdout.strip().splitlines()
+    assert lines[0].startswith("submitted the preparation of ") and lines[0].endswith("(1 worker(s))")
+    assert lines[-1].startswith(f"prepared {tmp_path / 'out'}: 3 shard(s), 5 documents, 125 tokens (uint16)")
+    direct, _ = prepare([str(root)], str(tiny_tokenizer), tmp_path / "direct")
+    assert json.loads((tmp_path / "out" / INDEX).read_text())["files"] == direct["files"]
+    again = launch(tmp_path / "out", root)
+    assert again.returncode == 0 and again.stdout.strip().splitlines()[-1] == \
+        f"{tmp_path / 'out'} is up to date: 3 shard(s), 125 tokens; nothing to do", again.stderr
+    assert (tmp_path / "res" / "local" / "prepare" / "out" / "submitit").is_dir()
+    blank = tmp_path / "blank"
+    blank.mkdir()
+    (blank / "a.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    empty = launch(tmp_path / "none", blank)
+    assert empty.returncode == 1 and re.fullmatch(
+        rf"fedshard: error: preparation job \d+ failed: train.errors.DataError: the corpus {blank} holds no text: "
+        r"nothing to train on; logs in \S+\n", empty.stderr), empty.stderr
 
 
 def test_two_workers_write_what_one_writes(corpus, tiny_tokenizer, tmp_path):
@@ -164,3 +230,18 @@ def test_cli_prepares_then_refuses_an_empty_corpus_in_one_line(corpus, tiny_toke
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1] == \
         f"fedshard: error: the corpus {empty} holds no text: nothing to train on"
     assert not (tmp_path / "none" / INDEX).exists()
+
+
+def test_the_launcher_relays_the_jobs_latest_progress_line(tmp_path):
+    from types import SimpleNamespace
+
+    from launcher.prepare import last_progress
+    from train import submitit_compat
+
+    job = SimpleNamespace(paths=SimpleNamespace(folder=tmp_path), job_id="7")
+    assert last_progress(job) is None  # no log yet
+    log = submitit_compat.task_paths(tmp_path, "7", 0).stderr
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("submitit INFO starting\nprepare:  10.0% of 5.0 MB, ...\nprepare:  60.0% of 5.0 MB, ...\n"
+                   "some warning\n")
+    assert last_progress(job) == "prepare:  60.0% of 5.0 MB, ..."

@@ -59,5 +59,7 @@ def test_a_local_job_is_recognised_by_its_controllers_command_line(tmp_path):
              timeout_s=30, alive=lambda: not job.done())
     assert not submitit_compat.is_local_controller(cmdline(), tmp_path / "other")
     assert job.result() is None
+    assert submitit_compat.task_outcome(job.paths.folder, job.job_id, 0) == ("success", None)
+    assert submitit_compat.task_outcome(job.paths.folder, "4242", 0) is None
     # launcher.slurm.submit.ReattachedLocalJob builds a LocalJob from these three arguments
     assert submitit.LocalJob(folder=tmp_path, job_id=job.job_id, tasks=[0]).job_id == job.job_id

@@ -120,6 +120,32 @@ def test_sacct_records_exit_0_for_completed_runs_and_not_for_a_failed_one(testbe
     assert codes and set(codes.values()) == {"0:0"}, codes  # the job, its batch step and its srun step
     assert exit_codes(failed["job_id"])[failed["job_id"]] != "0:0"
 
+def test_prepare_runs_as_one_cpu_job_on_a_node(testbed, tmp_path, tiny_tokenizer):
+    """action=prepare on SLURM: one task with prepare.workers CPUs on one node (sacct's record), no GPU asked,
+    and the directory it writes is what train.prepare writes on this machine."""
+    from train.prepare import INDEX, prepare
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"{i}.txt").write_text(" ".join(f"w{(i * 7 + j) % 100}" for j in range(200)))
+    out = tmp_path / "tokens"
+    proc = lab(sys.executable, "-m", "launcher", "action=prepare", "cluster=testbed", "data=tokens",
+               f"data.path={out}", f"data.tokenizer={tiny_tokenizer}", f"prepare.sources=[{corpus}]",
+               "prepare.workers=2", "poll_s=1", f"results_dir={tmp_path / 'results'}", timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    job = lines[0].split(" as job ")[1].split()[0]
+    assert lines[-1].startswith(f"prepared {out}: 3 shard(s), 3 documents, 603 tokens (uint16)"), lines
+    local, _ = prepare([str(corpus)], str(tiny_tokenizer), tmp_path / "here")
+    assert json.loads((out / INDEX).read_text())["files"] == local["files"]
+    wait_for(lambda: lab("sacct", "-j", job, "-X", "-n", "-P", "-o", "State").stdout.strip() == "COMPLETED",
+             "sacct to record the preparation job", 60)
+    cpus, nodes, tres = lab("sacct", "-j", job, "-X", "-n", "-P", "-o", "AllocCPUS,NNodes,AllocTRES").stdout \
+        .strip().split("|")
+    assert (cpus, nodes) == ("2", "1") and "gres" not in tres, tres
+
+
 def _wait_idle(timeout_s=60):
     """Pinned nodes must be free: wait for the previous test's jobs to leave the nodes."""
     wait_for(lambda: set(lab("sinfo", "-h", "-o", "%T").stdout.split()) == {"idle"},

@@ -187,13 +187,9 @@ def prepare(paths: list[str], tokenizer: str, out: Path, workers: int = 1, text_
     if not 0 < eval_fraction < 1:
         raise DataError(f"--eval-fraction must be in (0, 1), got {eval_fraction}")
     tok = Tokenizer.at(tokenizer)
+    previous = previous_index(out, tok)
     out.mkdir(parents=True, exist_ok=True)
     index_path = out / INDEX
-    previous = json.loads(index_path.read_text()) if index_path.exists() else None
-    if previous is not None and previous["tokenizer"]["hash"] != tok.hash:
-        raise DataError(f"{out} was prepared with tokenizer {previous['tokenizer']['hash']} "
-                        f"({previous['tokenizer']['directory']}), not {tok.hash} ({tokenizer}): prepare into "
-                        f"another directory")
     jobs = []
     for f in files:
         digest = file_hash(f)
@@ -224,9 +220,39 @@ def prepare(paths: list[str], tokenizer: str, out: Path, workers: int = 1, text_
     for stale in [*out.glob("shard-*"), *out.glob(".shard-*.tmp*")]:  # changed or gone files; a killed write
         if stale.name not in kept:
             stale.unlink()
-    changed = "" if previous is None else f" ({len(todo)} changed or new file(s), {len(jobs) - len(todo)} reused)"
+    reused = len(jobs) - len(todo)
+    changed = (f" ({len(todo)} changed or new file(s), {reused} reused)" if previous is not None
+               else f" ({reused} shard(s) reused from an interrupted run)" if reused else "")
     return index, (f"prepared {out}: {len(jobs)} shard(s), {index['documents']:,} documents, {index['tokens']:,} "
                    f"tokens ({index['dtype']}), {index['eval_tokens']:,} held out{changed}")
+
+
+def previous_index(out: Path, tok: Tokenizer) -> dict | None:
+    """The index an earlier preparation left in `out`, refused when another tokenizer wrote it (the launcher asks
+    before submitting a preparation, so the refusal comes before the job)."""
+    path = out / INDEX
+    previous = json.loads(path.read_text()) if path.exists() else None
+    if previous is not None and previous["tokenizer"]["hash"] != tok.hash:
+        raise DataError(f"{out} was prepared with tokenizer {previous['tokenizer']['hash']} "
+                        f"({previous['tokenizer']['directory']}), not {tok.hash} ({tok.directory}): prepare into "
+                        f"another directory")
+    return previous
+
+
+@dataclass(frozen=True)
+class PrepareJob:
+    """prepare() as the callable of a submitit job (launcher action=prepare); returns what was done, in one line."""
+
+    paths: tuple[str, ...]
+    tokenizer: str
+    out: str
+    workers: int
+    text_key: str
+    eval_fraction: float
+
+    def __call__(self) -> str:
+        return prepare(list(self.paths), self.tokenizer, Path(self.out), self.workers, self.text_key,
+                       self.eval_fraction)[1]
 
 
 def _index(jobs: list[Job], records: dict[str, dict], tok: Tokenizer, text_key: str, eval_fraction: float) -> dict:

@@ -45,6 +45,15 @@ def task_paths(folder: Path, job_id: str, task: int):
     return JobPaths(folder, job_id, task)
 
 
+def task_outcome(folder: Path, job_id: str, task: int) -> tuple[str, object] | None:
+    """What a finished task pickled: ("success", its return value) or ("error", the traceback's text); None
+    while there is nothing (the task runs, or died before it could write)."""
+    from submitit.core.utils import pickle_load
+
+    path = task_paths(folder, job_id, task).result_pickle
+    return pickle_load(path) if path.exists() else None
+
+
 def is_local_controller(cmdline: list[bytes], folder: Path) -> bool:
     """Whether a process command line is the LocalExecutor controller of the job in `folder`."""
     return LOCAL_CONTROLLER_MODULE.encode() in cmdline and str(folder).encode() in cmdline

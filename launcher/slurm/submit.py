@@ -123,6 +123,12 @@ def submit(cluster: Cluster, planned: PlannedRun, spec_path: Path, folder: Path,
     if cluster.executor == "slurm" and cluster.placement == "pinned":
         write_atomic(hostfile_path(planned.run), planned.placement.hostfile())
     executor, job = make_executor(cluster, planned, folder), entrypoint(cluster, planned, spec_path, topology_path)
+    return submit_job(cluster, executor, job, planned.run.run_id, folder)
+
+
+def submit_job(cluster: Cluster, executor, job, name: str, folder: Path):
+    """executor.submit(job): a local controller's stderr goes to its log; sbatch is tried again only when
+    slurmctld was busy or away (SBATCH_TRANSIENT), any other refusal is one line naming `name`."""
     if cluster.executor == "local":
         with _stderr_into(folder / "controller.log"):
             return executor.submit(job)
@@ -133,7 +139,7 @@ def submit(cluster: Cluster, planned: PlannedRun, spec_path: Path, folder: Path,
         except submitit.core.utils.FailedJobError as exc:
             message = next((line.strip() for line in str(exc).splitlines() if line.strip()), "no message")
             if attempt == SBATCH_TRIES or not any(t in message for t in SBATCH_TRANSIENT):
-                raise SubmitError(f"sbatch refused {planned.run.run_id}: {message}") from None
+                raise SubmitError(f"sbatch refused {name}: {message}") from None
             print(f"sbatch: {message}; trying again in {SBATCH_WAIT_S:g} s ({attempt}/{SBATCH_TRIES})", flush=True)
             time.sleep(SBATCH_WAIT_S)
 

@@ -1,0 +1,125 @@
+"""action=prepare: tokenize a corpus once (train.prepare) as one CPU job on the cluster, where the shared
+filesystem and the CPUs are, rather than on a login node:
+
+    python -m launcher action=prepare cluster=NAME data=tokens data.path=OUT data.tokenizer=DIR 'prepare.sources=[DIR]'
+
+Everything the job would refuse (no data=tokens, missing sources or tokenizer, an OUT prepared with another
+tokenizer) is refused here first, in one line. The job is one task with prepare.workers CPUs and no GPU; its
+progress line is relayed every progress_s, and a cancelled or killed preparation resumes by running the same
+command again (train.prepare keeps finished shards). Data runs then take the same data= settings.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import submitit
+
+from launcher.errors import ConfigError
+from launcher.lock import SweepLock
+from launcher.run import failure_reason
+from launcher.settings import Settings, check_name
+from launcher.slurm import scontrol
+from launcher.slurm.submit import check_environment, job_done, submit_job
+from train import prepare as corpus
+from train import submitit_compat
+from train.sections import TextData
+
+
+def prepare_job(settings: Settings) -> corpus.PrepareJob:
+    """The job's callable, after every check the job would make that can be made here."""
+    data, request = settings.data, settings.prepare
+    if data.get("kind") != "tokens":
+        raise ConfigError(f"action=prepare writes a data=tokens directory, but data.kind is {data.get('kind')!r}: "
+                          f"add data=tokens (or data=mc4_it) and data.path=OUT")
+    if not isinstance(data.get("tokenizer"), str) or not data["tokenizer"]:
+        raise ConfigError("action=prepare needs data.tokenizer=DIR: the local tokenizer to prepare with "
+                          "(runs of this directory are then checked against it)")
+    if not request.sources:
+        raise ConfigError("action=prepare needs prepare.sources=[PATH,...]: the .txt / .jsonl / .parquet files or "
+                          "directories to tokenize")
+    TextData(paths=list(request.sources), tokenizer=data["tokenizer"], text_key=request.text_key).files()
+    tokenizer = corpus.Tokenizer.at(data["tokenizer"])
+    out = Path(data["path"]).resolve()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"data.path={out} is a file, not a directory")
+    corpus.previous_index(out, tokenizer)
+    sources = tuple(str(Path(p).resolve()) for p in request.sources)
+    return corpus.PrepareJob(sources, str(Path(tokenizer.directory).resolve()), str(out), request.workers,
+                             request.text_key, request.eval_fraction)
+
+
+def executor(settings: Settings, folder: Path):
+    """One task, prepare.workers CPUs, no GPU; on this machine at most its cores."""
+    cluster, request = settings.cluster, settings.prepare
+    time_min = request.time_min or cluster.time_min
+    if cluster.executor == "local":
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(tasks_per_node=1, nodes=1, timeout_min=time_min)
+        return ex
+    ex = submitit.SlurmExecutor(folder=folder)
+    params = {"job_name": f"prepare-{folder.parent.name}", "nodes": 1, "ntasks_per_node": 1,
+              "cpus_per_task": request.workers, "time": time_min,
+              "partition": request.partition or cluster.partition, "setup": list(cluster.setup)}
+    params.update({k: getattr(cluster, k) for k in ("account", "qos") if getattr(cluster, k)})
+    ex.update_parameters(**params)
+    return ex
+
+
+def last_progress(job) -> str | None:
+    """The job's latest progress line (train.prepare.Progress writes one every few seconds to its stderr)."""
+    try:
+        text = submitit_compat.task_paths(job.paths.folder, job.job_id, 0).stderr.read_text(errors="replace")
+    except OSError:
+        return None
+    return next((line.strip() for line in reversed(text.splitlines()) if line.startswith("prepare: ")), None)
+
+
+def prepare(settings: Settings) -> int:
+    job = prepare_job(settings)
+    cluster = settings.cluster
+    if cluster.executor == "local":
+        job = dataclasses.replace(job, workers=min(job.workers, os.cpu_count() or 1))
+    check_environment(cluster)
+    logging.getLogger("submitit").setLevel(logging.ERROR)  # it warns whenever sacct has no data
+    work = check_name(Path(job.out).name, check_name(cluster.name, settings.results_dir, "cluster.name") / "prepare",
+                      "data.path's last part")
+    accounting = cluster.executor != "slurm" or scontrol.accounting_enabled()
+    with SweepLock(work):
+        folder = work / "submitit"
+        submitted = submit_job(cluster, executor(settings, folder), job, f"prepare {job.out}", folder)
+        print(f"submitted the preparation of {job.out} as job {submitted.job_id} ({job.workers} worker(s))",
+              flush=True)
+        try:
+            state = _wait(settings, submitted, accounting)
+        except KeyboardInterrupt:
+            submitted.cancel(check=False)
+            print(f"fedshard: interrupted; job {submitted.job_id} cancelled. Run the same command again to go on: "
+                  f"finished shards are kept", file=sys.stderr)
+            return 130
+    outcome = submitit_compat.task_outcome(submitted.paths.folder, submitted.job_id, 0)
+    if outcome is not None and outcome[0] == "success":
+        print(outcome[1])
+        return 0
+    ended = "" if state in ("FINISHED", "COMPLETED") else f" ({state})"  # a local job's state says only that
+    print(f"fedshard: error: preparation job {submitted.job_id} failed{ended}: {failure_reason(submitted, 1)}; "
+          f"logs in {folder}", file=sys.stderr)
+    return 1
+
+
+def _wait(settings: Settings, job, accounting: bool) -> str:
+    """Poll until the job ends; its state. A progress line every progress_s: the job's own, else its state."""
+    kind, last = settings.cluster.executor, time.monotonic()
+    while True:
+        states = scontrol.job_states([str(job.job_id)]) if kind == "slurm" else None
+        done, state = job_done(job, kind, 1, accounting, states)
+        if done:
+            return state
+        if time.monotonic() - last > settings.progress_s:
+            last = time.monotonic()
+            print(last_progress(job) or f"prepare: job {job.job_id} {state}", flush=True)
+        time.sleep(settings.poll_s)
