@@ -123,3 +123,15 @@ def test_every_local_and_study_sweep_has_a_readme():
     """results/testbed/README.md describes the testbed_table3 and validation sweeps; every other one has its own."""
     covered = {w for w in COMMITTED if "validation" in w or w.endswith("testbed_table3")}
     assert {w for w in COMMITTED if not (RESULTS / w / "README.md").exists()} == covered
+
+
+@pytest.mark.parametrize("where", ["testbed/validation_model_parallel", "testbed/scaling_weak"])
+def test_model_parallel_degrees_are_columns_of_table3_and_prediction(where):
+    """The pipeline and tensor-parallel degrees are numbers in the CSVs, equal to each configuration's result.json,
+    not only text inside the run ids."""
+    configs = {re.sub(r"-rep\d+$", "", r["run_id"]): (r["pp"], r["tp"]) for r in _runs(where)}
+    assert any(pp * tp > 1 for pp, tp in configs.values())
+    prediction = list(csv.DictReader((RESULTS / where / "prediction.csv").read_text().splitlines()))
+    assert prediction and all((int(row["pp"]), int(row["tp"])) == configs[row["run_id"]] for row in prediction)
+    table = list(csv.DictReader((RESULTS / where / "table3.csv").read_text().splitlines()))
+    assert sorted((int(row["P"]), int(row["T"])) for row in table) == sorted(configs.values())

@@ -10,7 +10,7 @@ from pathlib import Path
 from launcher.prediction import TOLERANCE  # the band the plot shades and the notes count against
 from launcher.registry import before, model_name
 from launcher.report.results import group_repeats
-from launcher.report.tables import Table, paper_order
+from launcher.report.tables import Table, model_parallel, paper_order
 from train.result import RunResult
 
 COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s", "measured_step_s",
@@ -42,7 +42,8 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     entries = {e["run_id"]: e for e in plan["runs"] if "predicted_step_s" in e}
     started = {r.run_id: r.started_at for r in results}
     rows, shrunk, blind, sources = [], [], [], set()
-    for r in sorted(group_repeats(results), key=paper_order):
+    grouped = sorted(group_repeats(results), key=paper_order)
+    for r in grouped:
         basis = _basis(r["runs"], registered, started)
         e = registered.get(r["runs"][0]) if basis == "registered" else entries.get(r["runs"][0])
         if e is None or not e["predicted_step_s"]:
@@ -67,8 +68,13 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
                      e["predicted_compute_s"], by_group["shard"], by_group["replicate"], by_group["federation"]])
     if not rows:
         return None
+    columns, headers, kinds = COLUMNS, HEADERS, KINDS
+    if model_parallel(grouped):  # the degrees as numbers, not only inside the run ids
+        columns, headers, kinds = [*COLUMNS, "pp", "tp"], [*HEADERS, "P", "T"], [*KINDS, "auto", "auto"]
+        degrees = {r["run_id"]: [r["pp"], r["tp"]] for r in grouped}
+        rows = [[*row, *degrees[row[0]]] for row in rows]
     table = Table("Step time: predicted (registered before the runs started, else post hoc) vs measured "
-                  "(train_time_s / steps)", COLUMNS, rows, KINDS, headers=HEADERS)
+                  "(train_time_s / steps)", columns, rows, kinds, headers=headers)
     if blind:
         table.notes.append(f"Not shown: {', '.join(blind)}, planned with compute unknown (no probe, no peak_flops): "
                            f"a communication-only estimate is no step-time prediction; run action=probe first.")

@@ -157,19 +157,28 @@ def planned_world(r: dict) -> int:
     return layout["F"] * layout["R"] * layout["S"]
 
 
-def layout_cell(r: dict) -> str:
-    """(F,R,S) as planned, `pp=P tp=T` where above 1, and `→ (F',R',S')*` where a run lost nodes and resumed on
-    fewer (shrink_notes)."""
+def layout_cell(r: dict, degrees: bool = True) -> str:
+    """(F,R,S) as planned, `pp=P tp=T` where above 1 (unless the table has columns for them), and
+    `→ (F',R',S')*` where a run lost nodes and resumed on fewer (shrink_notes)."""
     cell = "({F},{R},{S})".format(**planned_layout(r))
-    cell += "".join(f" {k}={r.get(k, 1)}" for k in ("pp", "tp") if r.get(k, 1) > 1)
+    cell += "".join(f" {k}={r.get(k, 1)}" for k in ("pp", "tp") if degrees and r.get(k, 1) > 1)
     return cell + " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"]) if r["layout_changes"] else cell
 
 
+def model_parallel(rows: list[dict]) -> bool:
+    """Whether any row has pipeline stages or a tensor-parallel group: only then do tables get P and T columns,
+    so sweeps without them keep their tables."""
+    return any(r.get("pp", 1) * r.get("tp", 1) > 1 for r in rows)
+
+
 def _config_columns(rows: list[dict]) -> list[tuple]:
-    """Strategy, layout, A, then a column per key a multirun swept (launcher.multirun)."""
+    """Strategy, layout (with P and T columns where a row has them), A, then a column per key a multirun swept
+    (launcher.multirun)."""
     swept = list(dict.fromkeys(key for r in rows for key in r["axes"]))
+    degrees = model_parallel(rows)
     return [("Strategy", "text", lambda r: NAMES[r["strategy"]]),
-            ("(F,R,S)", "text", layout_cell),
+            ("(F,R,S)", "text", lambda r: layout_cell(r, degrees=not degrees)),
+            *([("P", "auto", lambda r: r.get("pp", 1)), ("T", "auto", lambda r: r.get("tp", 1))] if degrees else []),
             ("A", "auto", lambda r: r["A"]),
             *((key, "text", lambda r, key=key: r["axes"].get(key)) for key in swept)]
 
