@@ -175,7 +175,7 @@ def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTim
     t = run.spec.train
     batch, micro = spread(run, layout)
     return predictor.step(*layout[:5], run.spec.model.llama_kwargs, comm_model(run), batch, t.seq_len,
-                          t.precision, t.timing, placement, *layout[5:], micro)
+                          t.precision, t.timing, placement, *layout[5:], micro, t.sequence_parallel)
 
 
 def memory_of(run: Run, layout: tuple | None = None) -> memory.Memory:

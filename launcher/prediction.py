@@ -67,12 +67,12 @@ class Predictor:
 
     def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
              batch: int, seq_len: int, precision: str, timing: str, placement: Placement, P: int = 1, T: int = 1,
-             microbatches: int = 1) -> StepTime:
+             microbatches: int = 1, sequence_parallel: bool = False) -> StepTime:
         """`batch`: sequences per data-parallel rank. A probe written before barriers were timed prices them at
         nothing."""
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
         mp = ModelParallel(P, T, microbatches, batch * seq_len, llama_kwargs["hidden_size"],
-                           llama_kwargs["vocab_size"])
+                           llama_kwargs["vocab_size"], sequence_parallel)
         if placement.loads is None:
             placement.loads = load(placement, F, R, S, self.topo, P, T)
         return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, placement.loads, self.network,

@@ -62,6 +62,8 @@ LAYOUTS = {
     # tensors), before it ran: a layout the correction never saw.
     "hsdp_tp2_pp2_gpipe_bf16": _spec("hsdp", 1, 2, 1, tp=2, pp=2, microbatches=2, pp_schedule="gpipe",
                                      precision="bf16"),
+    # Sequence parallelism's term (memory.py: 5h / tp + 2h) was written before this layout first ran.
+    "tp2_sp": _spec(S=1, tp=2, sequence_parallel=True),
 }
 
 

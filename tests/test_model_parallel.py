@@ -61,6 +61,8 @@ LAYOUTS = {"fsdp": ("fsdp", 1, 1, 2), "hsdp": ("hsdp", 1, 2, 1), "fl_fsdp": ("fl
 SPLIT = tuple(f"{m}.weight" for m in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
                                        "lm_head"))
 AXES = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "tp2_pp2": {"tp": 2, "pp": 2}}
+# sequence parallelism (train.sequence_parallel) under each strategy with tp = 2, and once with pipeline stages
+SEQUENCE = {"tp2_sp": {"tp": 2, "sequence_parallel": True}, "tp2_pp2_sp": {"tp": 2, "pp": 2, "sequence_parallel": True}}
 
 
 # DiLoCo with an int8 exchange over tensor- and pipeline-split shards, against the exact-mean reference
@@ -76,13 +78,14 @@ EXTRA = {("fl_fsdp_diloco_int8", "tp2_pp2"): ({"outer": "diloco", "aggregation_d
          ("fl_fsdp_diloco_delay", "pp2"): ({"outer": "diloco", "outer_fragments": 2, "outer_delay": 1, "A": 4}, TOL)}
 
 
-CASES = [(lay, ax) for lay in LAYOUTS for ax in AXES] + list(EXTRA)
+CASES = [(lay, ax) for lay in LAYOUTS for ax in AXES] + [(lay, "tp2_sp") for lay in LAYOUTS] + \
+    [("fl_fsdp", "tp2_pp2_sp")] + list(EXTRA)
 
 
 def _case_spec(layout: str, axes: str) -> dict:
     train = dict(EXTRA.get((layout, axes), ({}, TOL))[0])
     strategy, F, R, S, *A = LAYOUTS[layout.split("_diloco")[0]]
-    return _spec(strategy, F, R, S, train.pop("A", A[0] if A else None), **AXES[axes], **train)
+    return _spec(strategy, F, R, S, train.pop("A", A[0] if A else None), **(AXES | SEQUENCE)[axes], **train)
 
 
 @functools.cache
@@ -127,11 +130,12 @@ def _torchrun(spec: dict, tmp_path, name: str, entry=("train",)) -> subprocess.P
 
 
 def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
-    """FL+FSDP with tp = 2 and pp = 2 (8 ranks) through `python -m train`: stopped by the scheduler's signal
-    after step 10, between two FedAvgs (every group's model and optimizer saved apart), it resumes to the
-    losses of an uninterrupted run, bit for bit; result.json records the layout."""
+    """FL+FSDP with tp = 2 (sequence-parallel) and pp = 2 (8 ranks) through `python -m train`: stopped by the
+    scheduler's signal after step 10, between two FedAvgs (every group's model and optimizer saved apart), it
+    resumes to the losses of an uninterrupted run, bit for bit; result.json records the layout. (Without sequence
+    parallelism, tests/test_elastic.py resumes tp = 2 x pp = 2 on another layout.)"""
     spec = _spec("fl_fsdp", 2, 1, 1, A=4, tp=2, pp=2, microbatches=2, pp_schedule="gpipe", steps=16, log_every=4,
-                 stop_check_every=1, eval_every=8)
+                 stop_check_every=1, eval_every=8, sequence_parallel=True)
     uninterrupted({**spec, "out_dir": str(tmp_path / "reference")})
     stopped = _torchrun(spec, tmp_path, "stopped", entry=["tests.stop_at_step", "10"])
     assert stopped.wait(timeout=600) != 0 and "after step 10" in stopped.stderr.read()

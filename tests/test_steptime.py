@@ -195,6 +195,17 @@ def test_tensor_parallel_step_by_hand():
     assert t.compute_s == pytest.approx(3.0 / 2 + 4.0 / (4 * 2))  # forward+backward / tp, optimizer / (S x tp)
 
 
+def test_sequence_parallel_tensor_step_by_hand():
+    # The same tp = 2 layout with sequence parallelism: per layer 4 all_gathers and 4 reduce_scatters of the
+    # 64 B activations (each half an all_reduce's ring bytes: 64 x 0.5 / 1e3), the stage's 2 more all_gathers,
+    # lm_head's all_reduce and its logits' gather as before.
+    mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5, sequence_parallel=True)
+    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
+                  "tensor": {-1: 1}, "pipeline": {}}, NOMINAL, COMPUTE, overlap=False, mp=mp)
+    per_layer = 4 * (64 * 0.5 / 1e3 + 64 * 0.5 / 1e3)
+    assert t.comm_s["tensor"] == pytest.approx(2 * per_layer + 2 * 64 * 0.5 / 1e3 + 64 / 1e3 + 160 * 0.5 / 1e3)
+
+
 def test_pipeline_step_by_hand():
     # pp = 2 with 2 microbatches: 3 slots, each sending a microbatch's activations (4 x 2 x 4 = 32 B) forward
     # and their gradient back across a leaf (100 B/s); compute halved, then stretched by the bubble (2+2-1)/2.

@@ -102,9 +102,9 @@ class Trainer:
             # Every rank builds the same full model from the seed, then keeps its stage and shard.
             torch.manual_seed(self.cfg.seed)
             return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, self.cfg.precision,
-                                           self.cfg.activation_checkpointing)
+                                           self.cfg.activation_checkpointing, self.cfg.sequence_parallel)
         model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, self.cfg.precision,
-                                        self.cfg.activation_checkpointing)
+                                        self.cfg.activation_checkpointing, self.cfg.sequence_parallel)
         parallelize.materialize(model, self.device, self.cfg.seed, shard_index=self.coord[2], tp_index=self.coord[4])
         return model
 

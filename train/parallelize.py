@@ -22,16 +22,19 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, precision: str,
-                checkpointing: bool = False) -> torch.nn.Module:
+                checkpointing: bool = False, sequence_parallel: bool = False) -> torch.nn.Module:
     """This rank's part of a whole LlamaForCausalLM (built on cpu from the seed, or on meta): its pipeline stage,
-    split over the tensor-parallel group, then sharded over `dp_mesh`; with `checkpointing`, each decoder layer
+    split over the tensor-parallel group (`sequence_parallel`: train.tensor), then sharded over `dp_mesh`; with
+    `checkpointing`, each decoder layer
     keeps only its input for backward and recomputes the rest (transformers' layers checkpoint their forward
     inside FSDP2's hooks, so the recomputation gathers nothing twice)."""
     model_plan = type(model)._tp_plan or {}
     if mesh["pp"].size() > 1:
         model = pipeline.Stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
     if mesh["tp"].size() > 1:
-        tensor.apply(model, mesh["tp"], model.config, model_plan)
+        layers = [name for name, module in model.named_modules()
+                  if any(module is layer for layer in pipeline.decoder_layers(model))]
+        tensor.apply(model, mesh["tp"], model.config, model_plan, layers, sequence_parallel)
     if checkpointing:
         for layer in pipeline.decoder_layers(model):
             layer.gradient_checkpointing = True

@@ -70,6 +70,7 @@ class TrainConfig:
     stop_check_every: int = 5  # steps between checks for the scheduler's stop signal (then checkpoint, requeue)
     elastic: bool = False  # a resume may change F (fewer federation groups), R or S: train.checkpoint
     tp: int = 1  # tensor-parallel degree: the ranks of one node that split each layer's matrices (train.tensor)
+    sequence_parallel: bool = False  # with tp > 1: the norms run on a slice of the sequence (train.tensor)
     pp: int = 1  # pipeline stages: consecutive layers per stage (train.pipeline)
     microbatches: int = 0  # per step and pipeline (0: one per stage); the per-rank batch divides into them
     pp_schedule: str = "1f1b"  # gpipe: all forwards, then all backwards; 1f1b: interleaved, fewer activations held
@@ -112,7 +113,7 @@ class TrainConfig:
             raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
         if not self.watchdog_s > 0:
             raise SpecError(f"train.watchdog_s must be > 0, got {self.watchdog_s}")
-        for key in ("elastic", "activation_checkpointing"):
+        for key in ("elastic", "activation_checkpointing", "sequence_parallel"):
             if not isinstance(getattr(self, key), bool):
                 raise SpecError(f"train.{key} must be true or false, got {getattr(self, key)!r}")
         if not self.timeout_s > 0:
@@ -146,6 +147,12 @@ class TrainConfig:
             raise SpecError(f"the {self.batch_per_rank} sequences of a data-parallel rank (train.batch_per_rank; the "
                             f"launcher multiplies it by tp x pp) do not divide into {self.n_microbatches} "
                             f"microbatches (train.microbatches)")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("train.sequence_parallel=true splits the sequence over the tensor-parallel group, but "
+                            "train.tp=1: set train.tp > 1 or leave it false")
+        if self.sequence_parallel and self.seq_len % self.tp:
+            raise SpecError(f"train.sequence_parallel: train.seq_len={self.seq_len} does not split evenly over "
+                            f"train.tp={self.tp} ranks")
         if self.target_ppl is not None and not (isinstance(self.target_ppl, (int, float)) and self.target_ppl > 1):
             raise SpecError(f"train.target_ppl must be a perplexity > 1 or null, got {self.target_ppl!r}")
 

@@ -16,7 +16,9 @@ FSDP then shards that over S. What is held:
 - activations saved for backward, per token and layer (counted with autograd's saved-tensor hooks on
   transformers' Llama block, sdpa keeping no score matrix): 5h not split by tp (the block input, the norms'
   normalised inputs and outputs, the attention residual), then 3h + 2h_kv for attention (q and the output
-  before and after o_proj's reshape; k, v) and 4i for the MLP (gate, SiLU, up, product), split by tp;
+  before and after o_proj's reshape; k, v) and 4i for the MLP (gate, SiLU, up, product), split by tp; with
+  sequence parallelism the 5h are split by tp too, and the all-gathered inputs of attention and the MLP (2h)
+  are saved whole;
 - the loss: the fp32 log-softmax and its gradient (8 bytes per logit), and under tp the rank's vocabulary slice
   of the logits and their gathered copy; it peaks at the start of backward, while every layer's activations
   are held, except with activation checkpointing, where each layer keeps only its input and one layer's
@@ -53,6 +55,8 @@ class Layout:
     federated: bool = False
     outer_copy: bool = False  # DiLoCo, or a compressed or streamed exchange, with its state on the device
     checkpointing: bool = False
+    sequence_parallel: bool = False  # under tp: the block's unsplit activations are split too, but for the
+                                     # gathered inputs of attention and the MLP
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,8 @@ def layout_of(spec: RunSpec) -> Layout:
     copy = spec.federated and (t.outer != "fedavg" or t.aggregation_dtype != "fp32" or t.streamed)
     return Layout(S=spec.S, P=t.pp, T=t.tp, batch=t.batch_per_rank, seq_len=t.seq_len, microbatches=t.n_microbatches,
                   schedule=t.pp_schedule, precision=t.precision, federated=spec.federated,
-                  outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing)
+                  outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing,
+                  sequence_parallel=t.sequence_parallel)
 
 
 def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
@@ -97,7 +102,7 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     if L.P > 1 and L.schedule == "1f1b":
         in_flight *= min(L.microbatches, L.P) / L.microbatches
     micro = L.batch * L.seq_len / (L.microbatches if L.P > 1 else 1)
-    per_token = _per_token_layer(llama_kwargs, L.T)
+    per_token = _per_token_layer(llama_kwargs, L.T, L.sequence_parallel)
     logits_tokens = micro if L.P > 1 and L.schedule == "1f1b" else L.batch * L.seq_len
     loss = logits_tokens * llama_kwargs["vocab_size"] * (8 + (compute_b * (1 + 1 / L.T) if L.T > 1 else 0))
     if L.checkpointing:
@@ -113,9 +118,10 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     return Memory(state, gathered, peak, buffers)
 
 
-def _per_token_layer(llama_kwargs: dict, T: int) -> float:
+def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False) -> float:
     """Elements one decoder layer saves for backward per token (module docstring)."""
     h, i = llama_kwargs["hidden_size"], llama_kwargs["intermediate_size"]
     heads = llama_kwargs["num_attention_heads"]
     h_kv = h // heads * (llama_kwargs.get("num_key_value_heads") or heads)
-    return 5 * h + (3 * h + 2 * h_kv + 4 * i) / T
+    split = (3 * h + 2 * h_kv + 4 * i) / T
+    return split + (5 * h / T + 2 * h if sequence_parallel and T > 1 else 5 * h)

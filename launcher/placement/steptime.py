@@ -17,7 +17,9 @@ With tensor and pipeline parallelism (ModelParallel) a rank holds the largest st
 split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
 - tensor group (tp ranks, one node): per layer and microbatch an all_reduce of the activations after attention
   and after the MLP in forward, and two of their gradients in backward; lm_head gathers the logits (all_gather)
-  and all-reduces its input's gradient;
+  and all-reduces its input's gradient; with sequence parallelism each of those all-reduces is an all_gather
+  plus a reduce_scatter (the same ring bytes, twice the latency), and each stage adds two all_gathers (its
+  output in forward, its input's gradient in backward);
 - pipeline (pp stages): each of the m + pp - 1 slots of the schedule sends one microbatch's activations forward
   and their gradient back, priced as a broadcast between two ranks on the level the stages cross;
 - compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
@@ -69,6 +71,7 @@ class ModelParallel:
     tokens: int = 0  # per step of one data-parallel rank: batch x seq_len
     hidden: int = 0
     vocab: int = 0
+    sequence_parallel: bool = False  # under tp: all-gather + reduce-scatter in place of each all-reduce
 
 
 def stage_shapes(shapes: Shapes, P: int, T: int) -> Shapes:
@@ -181,8 +184,15 @@ def model_parallel_seconds(mp: ModelParallel, stage_layers: int, act_b: float, n
     micro = mp.tokens / m * mp.hidden * act_b  # one microbatch's activations
     tensor = pipeline = 0.0
     if mp.T > 1:
-        per_micro = (4 * stage_layers + 1) * net("all_reduce", micro, mp.T, loads["tensor"])
-        per_micro += net("all_gather", mp.tokens / m * mp.vocab * act_b, mp.T, loads["tensor"])
+        def tp(collective: str, nbytes: float) -> float:
+            return net(collective, nbytes, mp.T, loads["tensor"])
+
+        per_micro = tp("all_reduce", micro) + tp("all_gather", mp.tokens / m * mp.vocab * act_b)  # lm_head
+        if mp.sequence_parallel:
+            per_micro += 4 * stage_layers * (tp("all_gather", micro) + tp("reduce_scatter", micro))
+            per_micro += 2 * tp("all_gather", micro)
+        else:
+            per_micro += 4 * stage_layers * tp("all_reduce", micro)
         tensor = m * per_micro
     if mp.P > 1:
         pipeline = 2 * (m + mp.P - 1) * net("broadcast", micro, 2, loads["pipeline"])
