@@ -91,3 +91,18 @@ def test_a_local_strong_scaling_sweep_writes_the_scaling_table_and_plot(tmp_path
     report = subprocess.run([sys.executable, "-m", "launcher", *args, "action=report"], capture_output=True,
                             text=True, cwd=ROOT, env=clean_env(slurm_client=False), timeout=300)
     assert report.returncode == 0 and (sweep_dir / "scaling.md").read_text() == first
+
+
+def test_the_shared_machine_note_names_local_and_testbed_clusters_only():
+    """Throughput per device falls with core sharing where every rank runs on one machine: the local executor
+    and the SLURM testbed (its nodes are namespaces of one machine); a real cluster gets no such note."""
+    from types import SimpleNamespace
+
+    def notes(**cluster):
+        return " ".join(scaling_table(_results(), "weak", SimpleNamespace(**cluster)).notes)
+
+    assert "cluster=local: every rank runs on one machine (the local executor)" in \
+        notes(name="local", executor="local", network=None)
+    assert "cluster=testbed: every rank runs on one machine (the testbed's nodes are network namespaces of it)" in \
+        notes(name="testbed", executor="slurm", network={"subnet": "10.210.0"})
+    assert "one machine" not in notes(name="leonardo", executor="slurm", network=None)

@@ -48,11 +48,21 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1e3
 
 
-LOCAL_NOTE = ("cluster=local: every rank runs on this one machine, so once there are more ranks than cores, "
-              "throughput per device falls because ranks share cores, not because of communication.")
+SHARED_NOTE = ("{cluster}: every rank runs on one machine ({why}), so once there are more ranks than cores, "
+               "throughput per device falls because ranks share cores, not only because of communication.")
 
 
-def scaling_table(results, mode: str, local: bool = False) -> Table:
+def one_machine(cluster) -> str | None:
+    """Why every rank of `cluster` runs on one machine, when they do: the local executor, or the SLURM testbed,
+    whose nodes are network namespaces of the machine that built them (cluster.network)."""
+    if cluster is None:
+        return None
+    if cluster.executor == "local":
+        return "the local executor"
+    return "the testbed's nodes are network namespaces of it" if cluster.network is not None else None
+
+
+def scaling_table(results, mode: str, cluster=None) -> Table:
     lines = scaling_lines(results)
     rows = [(name, r, rows[0]) for name, rows in lines.items() for r in rows]
 
@@ -77,7 +87,10 @@ def scaling_table(results, mode: str, local: bool = False) -> Table:
     table.notes += [MODES[mode] + ".",
                     "Efficiency: tokens/s per device over the same layout's on its fewest devices, the geometric mean "
                     "over the seeds both ran, with its 95 % interval in brackets when two or more did; tokens/s per "
-                    "device ± its 95 % half-width over repeats."] + ([LOCAL_NOTE] if local else [])
+                    "device ± its 95 % half-width over repeats."]
+    why = one_machine(cluster)
+    if why:
+        table.notes.append(SHARED_NOTE.format(cluster=f"cluster={cluster.name}", why=why))
     if all(r["mfu"] is None for _, r, _ in rows):
         table.notes.append("MFU –: the cluster states no peak_flops.")
     table.notes += sorted({f"Energy –: {r['energy_source']}" for _, r, _ in rows if r["energy_j"] is None

@@ -59,7 +59,7 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None,
         tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
                                     columns, rows, ["text", *["fixed"] * (len(columns) - 2), "text"])
     if scaling != "none":
-        tables["scaling"] = scaling_table(results, scaling, local)
+        tables["scaling"] = scaling_table(results, scaling, cluster)
     written = []
     for name, table in tables.items():
         for ext, text in (("md", table.to_markdown()), ("csv", table.to_csv()), ("tex", table.to_latex())):
