@@ -76,3 +76,16 @@ def test_submitit_local_executor_runs_the_picklable_job(tmp_path):
     results = job.results()
     assert results[1] is None and results[0] == RunResult.load(tmp_path / "run" / "result.json")
     _check_result(tmp_path / "run", world=2, steps=7, aggregations=3)
+
+
+def test_a_submitit_task_leaves_without_interpreter_finalization_after_its_run(tmp_path):
+    """In a submitit task (SUBMITIT_FOLDER set, as submitit's process_job sets it) whose run returned, the
+    process ends with status 0 before finalization, where freeing gloo groups can abort it: an abort queued
+    for finalization here (atexit, registered first, so run last) never runs."""
+    spec = _spec(tmp_path, strategy="fsdp", F=1, S=1, A=None)
+    code = ("import atexit, os; atexit.register(os.abort); from train.job import TrainJob; "
+            f"TrainJob({str(spec)!r})()")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env=clean_env(SUBMITIT_FOLDER=str(tmp_path / "submitit")))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert RunResult.load(tmp_path / "run" / "result.json").steps == 7

@@ -25,7 +25,9 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
     topo_path = tmp_path / "topology.json"
     topo_path.write_text(json.dumps(topology.to_json(topo.with_bandwidth([3.0, 2.0, 1.0], "bw"))))
     spec = _spec(tmp_path)  # fl_fsdp F=2 R=1 S=1
-    code = f"from launcher.slurm.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)()"
+    # as `python -m train` and a submitit task do, leave without interpreter finalization (train.job)
+    code = (f"from launcher.slurm.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)(); "
+            f"from train.job import leave_without_finalization; leave_without_finalization(0)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=clean_env(SLURM_PROCID=str(p), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="77",
                                        SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME=f"n{p + 1}"))

@@ -63,3 +63,12 @@ def test_a_local_job_is_recognised_by_its_controllers_command_line(tmp_path):
     assert submitit_compat.task_outcome(job.paths.folder, "4242", 0) is None
     # launcher.slurm.submit.ReattachedLocalJob builds a LocalJob from these three arguments
     assert submitit.LocalJob(folder=tmp_path, job_id=job.job_id, tasks=[0]).job_id == job.job_id
+
+
+def test_submitit_tells_a_jobs_process_by_its_folder_variable():
+    """train.job leaves a submitit task without finalization only where submitit's process_job set this."""
+    import inspect
+
+    from submitit.core import submission
+
+    assert f'os.environ["{submitit_compat.JOB_FOLDER_ENV}"]' in inspect.getsource(submission.process_job)

@@ -4,11 +4,10 @@
 """
 from __future__ import annotations
 
-import os
 import sys
 
 from .errors import FedshardError
-from .job import TrainJob
+from .job import TrainJob, leave_without_finalization
 
 USAGE = """usage: python -m train SPEC.json
 
@@ -35,11 +34,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    # Everything is written (result.json atomically, metrics flushed) and the process group destroyed. torch keeps
-    # the FSDP2 meshes' gloo groups in DTensor's caches past destroy_process_group; freed during interpreter
-    # finalization, a gloo thread that needs the GIL can abort the process (SIGABRT, seen under torchrun in the
-    # suite), turning a finished run into a failed one. Leave without finalization, as train.local_ranks does.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave_without_finalization(main(sys.argv[1:]))  # everything is written (seen to abort under torchrun otherwise)

@@ -2,8 +2,30 @@
 it; `python -m train SPEC.json` calls it too)."""
 from __future__ import annotations
 
+import atexit
+import os
+import sys
+
+from . import submitit_compat
 from .result import RunResult
 from .spec import RunSpec
+
+
+def leave_without_finalization(code: int) -> None:
+    """End the process now, its output flushed. Once a run has written everything, nothing is left to do, and
+    interpreter finalization can abort it: torch keeps the FSDP2 meshes' gloo groups in DTensor's caches past
+    destroy_process_group, and freeing them during finalization, a gloo worker thread that needs the GIL ends
+    the process with "terminate called without an active exception" (SIGABRT), a finished run failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _leave_after_the_job() -> None:
+    """atexit in a submitit task whose run returned: submitit has pickled the result, so leave with status 0
+    before finalization; unless an uncaught exception is ending the process (then its status stands)."""
+    if getattr(sys, "last_value", None) is None:
+        leave_without_finalization(0)
 
 
 class TrainJob:
@@ -16,7 +38,10 @@ class TrainJob:
         spec = RunSpec.load(self.spec_path)  # a bad spec fails before torch is even imported
         from .loop import run
 
-        return run(spec)
+        result = run(spec)
+        if submitit_compat.in_job():  # the task ends once submitit has pickled what this returns
+            atexit.register(_leave_after_the_job)
+        return result
 
     def checkpoint(self, *args, **kwargs):
         """submitit calls this when the job is preempted or reaches its time limit: requeue the same job,

@@ -10,13 +10,14 @@ import multiprocessing
 import os
 import pickle
 import socket
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from train.job import leave_without_finalization
 
 PRELOAD = ["train.loop"]  # imports torch, torch.distributed's FSDP2/DTensor/checkpoint and transformers' Llama
 
@@ -37,12 +38,7 @@ def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> N
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"{rank}.pkl").write_bytes(pickle.dumps(value))
-    # The FSDP2 device meshes keep their process groups past destroy_process_group (torch holds the meshes
-    # in DTensor's caches); freed during interpreter finalization, a gloo worker thread that needs the GIL
-    # aborts the process ("terminate called without an active exception"). Nothing is left to run: leave now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_finalization(0)
 
 
 def run_ranks(fn, world: int, *args) -> list:

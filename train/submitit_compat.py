@@ -2,8 +2,9 @@
 against the installed submitit; pyproject.toml bounds the version those tests passed with).
 
 submitit has no public way to render an sbatch script without submitting, to list the sbatch
-parameters it accepts, to name the signal it treats as pre-emption, or to recognise a local job's
-controller process; fedshard needs all four. It lives in train/ because the trainer needs the signal
+parameters it accepts, to name the signal it treats as pre-emption, to recognise a local job's
+controller process, to read a task's pickled outcome, or to tell that this process runs a job's callable;
+fedshard needs all six. It lives in train/ because the trainer needs the signal
 and train/ never imports the launcher.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 SUBMIT_MODULE = "submitit.core._submit"          # what a submitit sbatch script runs on the nodes
+JOB_FOLDER_ENV = "SUBMITIT_FOLDER"  # set by submitit's process_job in the process that runs a job's callable
 LOCAL_CONTROLLER_MODULE = "submitit.local._local"  # the process that runs a LocalExecutor job's tasks
 
 
@@ -52,6 +54,13 @@ def task_outcome(folder: Path, job_id: str, task: int) -> tuple[str, object] | N
 
     path = task_paths(folder, job_id, task).result_pickle
     return pickle_load(path) if path.exists() else None
+
+
+def in_job() -> bool:
+    """Whether this process is a submitit task running a job's callable (it exits when the callable returns)."""
+    import os
+
+    return JOB_FOLDER_ENV in os.environ
 
 
 def is_local_controller(cmdline: list[bytes], folder: Path) -> bool:
