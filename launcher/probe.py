@@ -133,6 +133,7 @@ class ProbeJob:
 
         from train import launch_env
         from train.calibrate import calibrate
+        from train.job import leave_when_the_task_ends
         from train.probe import barrier_seconds, measure
 
         env = launch_env.detect()
@@ -152,6 +153,7 @@ class ProbeJob:
         if env.rank == 0:
             write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
                                                           "barrier_s": barrier_s, "compute": compute}) + "\n")
+        leave_when_the_task_ends()  # calibrate's fully_shard leaves gloo groups to finalization (train.job)
 
 
 def probe(settings: Settings, runs: list | None = None) -> Path:

@@ -22,10 +22,17 @@ def leave_without_finalization(code: int) -> None:
 
 
 def _leave_after_the_job() -> None:
-    """atexit in a submitit task whose run returned: submitit has pickled the result, so leave with status 0
-    before finalization; unless an uncaught exception is ending the process (then its status stands)."""
+    """atexit in a submitit task whose callable returned: submitit has pickled the result, so leave with status
+    0 before finalization; unless an uncaught exception is ending the process (then its status stands)."""
     if getattr(sys, "last_value", None) is None:
         leave_without_finalization(0)
+
+
+def leave_when_the_task_ends() -> None:
+    """Called by a job's callable (training, the probe) once its gloo groups are done with: in a submitit
+    task, which ends when the callable returns, that end skips interpreter finalization."""
+    if submitit_compat.in_job():
+        atexit.register(_leave_after_the_job)
 
 
 class TrainJob:
@@ -39,8 +46,7 @@ class TrainJob:
         from .loop import run
 
         result = run(spec)
-        if submitit_compat.in_job():  # the task ends once submitit has pickled what this returns
-            atexit.register(_leave_after_the_job)
+        leave_when_the_task_ends()
         return result
 
     def checkpoint(self, *args, **kwargs):
