@@ -23,8 +23,7 @@ from launcher.errors import ConfigError
 from launcher.lock import SweepLock
 from launcher.run import failure_reason
 from launcher.settings import Settings, check_name
-from launcher.slurm import scontrol
-from launcher.slurm.submit import check_environment, job_done, submit_job
+from launcher.slurm.submit import check_environment, submit_job, task_lines, wait_for
 from train import prepare as corpus
 from train import submitit_compat
 from train.sections import TextData
@@ -72,11 +71,7 @@ def executor(settings: Settings, folder: Path):
 
 def last_progress(job) -> str | None:
     """The job's latest progress line (train.prepare.Progress writes one every few seconds to its stderr)."""
-    try:
-        text = submitit_compat.task_paths(job.paths.folder, job.job_id, 0).stderr.read_text(errors="replace")
-    except OSError:
-        return None
-    return next((line.strip() for line in reversed(text.splitlines()) if line.startswith("prepare: ")), None)
+    return (task_lines(job, "prepare: ", "stderr") or [None])[-1]
 
 
 def prepare(settings: Settings) -> int:
@@ -88,14 +83,20 @@ def prepare(settings: Settings) -> int:
     logging.getLogger("submitit").setLevel(logging.ERROR)  # it warns whenever sacct has no data
     work = check_name(Path(job.out).name, check_name(cluster.name, settings.results_dir, "cluster.name") / "prepare",
                       "data.path's last part")
-    accounting = cluster.executor != "slurm" or scontrol.accounting_enabled()
     with SweepLock(work):
         folder = work / "submitit"
         submitted = submit_job(cluster, executor(settings, folder), job, f"prepare {job.out}", folder)
         print(f"submitted the preparation of {job.out} as job {submitted.job_id} ({job.workers} worker(s))",
               flush=True)
+        last = [time.monotonic()]
+
+        def relay(state: str) -> None:  # its progress line every progress_s, else its state
+            if time.monotonic() - last[0] > settings.progress_s:
+                last[0] = time.monotonic()
+                print(last_progress(submitted) or f"prepare: job {submitted.job_id} {state}", flush=True)
+
         try:
-            state = _wait(settings, submitted, accounting)
+            state = wait_for(submitted, cluster, 1, settings.poll_s, relay)
         except KeyboardInterrupt:
             submitted.cancel(check=False)
             print(f"fedshard: interrupted; job {submitted.job_id} cancelled. Run the same command again to go on: "
@@ -110,16 +111,3 @@ def prepare(settings: Settings) -> int:
           f"logs in {folder}", file=sys.stderr)
     return 1
 
-
-def _wait(settings: Settings, job, accounting: bool) -> str:
-    """Poll until the job ends; its state. A progress line every progress_s: the job's own, else its state."""
-    kind, last = settings.cluster.executor, time.monotonic()
-    while True:
-        states = scontrol.job_states([str(job.job_id)]) if kind == "slurm" else None
-        done, state = job_done(job, kind, 1, accounting, states)
-        if done:
-            return state
-        if time.monotonic() - last > settings.progress_s:
-            last = time.monotonic()
-            print(last_progress(job) or f"prepare: job {job.job_id} {state}", flush=True)
-        time.sleep(settings.poll_s)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 from launcher.errors import ConfigError, SubmitError
@@ -21,10 +20,8 @@ from launcher.placement.levels import level_groups, traffic
 from launcher.plan import place_runs
 from launcher.run import failure_reason
 from launcher.settings import Settings
-from launcher.slurm import scontrol
-from launcher.slurm.submit import check_environment, job_done, make_executor
+from launcher.slurm.submit import check_environment, make_executor, submit_job, task_lines, wait_for
 from launcher.sweep import expand
-from train import submitit_compat
 from train.spec import write_atomic
 
 GB = 1e9
@@ -170,18 +167,20 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
     job = ProbeJob(widest.placement.hosts, tree, sizes(settings.probe["max_bytes"]),
                    str(raw_path), cluster.device, cluster.backend, widest.run.spec.train.timeout_s,
                    settings.probe["iters"], workloads([p.run for p in planned]))
-    submitted = make_executor(cluster, widest, folder / "submitit").submit(job)
+    submitted = submit_job(cluster, make_executor(cluster, widest, folder / "submitit"), job, "the probe",
+                           folder / "submitit")
     world = widest.run.spec.world_size
     print(f"probe: job {submitted.job_id} on {world} ranks ({len(widest.placement.nodes)} nodes, placed like "
           f"{widest.run.run_id})", flush=True)
-    accounting = cluster.executor != "slurm" or scontrol.accounting_enabled()
-    echoed = 0
-    while True:
-        done = job_done(submitted, cluster.executor, world, accounting)[0]
-        echoed = _echo(submitted, echoed)
-        if done:
-            break
-        time.sleep(settings.poll_s)
+    echoed: list[str] = []
+
+    def echo(_state) -> None:  # the probe's progress lines task 0 wrote since the last poll
+        lines = task_lines(submitted, "probe: ")
+        for line in lines[len(echoed):]:
+            print(f"  {line}", flush=True)
+        echoed[:] = lines
+
+    wait_for(submitted, cluster, world, settings.poll_s, echo)
     if not raw_path.exists():
         raise SubmitError(f"the probe job failed: {failure_reason(submitted, world)}")
     result = summarise(json.loads(raw_path.read_text()), tree)
@@ -191,14 +190,3 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
     print(f"probe written to {path} and {plot(result, settings.sweep_dir / 'probe.png')}")
     return path
 
-
-def _echo(job, already: int) -> int:
-    """Print the probe's progress lines task 0 wrote since the last call; returns how many there are."""
-    try:
-        text = submitit_compat.task_paths(job.paths.folder, job.job_id, 0).stdout.read_text(errors="replace")
-    except OSError:
-        return already
-    lines = [line for line in text.splitlines() if line.startswith("probe: ")]
-    for line in lines[already:]:
-        print(f"  {line}", flush=True)
-    return len(lines)

@@ -14,7 +14,7 @@ from launcher.report import wandb_log
 from launcher.report.write import outputs, write_report
 from launcher.settings import Settings
 from launcher.slurm import scontrol
-from launcher.slurm.submit import attempt_folder, check_environment, job_done, reattach, submit
+from launcher.slurm.submit import attempt_folder, check_environment, has_accounting, job_done, reattach, submit
 from launcher.store import FINAL, Store
 from launcher.sweep import PlannedRun, Run, expand
 from launcher.target import REFERENCE, ReferenceTarget, resolution_note
@@ -59,7 +59,7 @@ class Sweeper:
         self.failed: dict[str, str] = {}
         self.lost: dict[str, list[str]] = {}  # run -> nodes of its last attempt now down or drained
         self.settled = 0  # runs that reached a final state in this invocation
-        self.accounting = self.cluster.executor != "slurm" or scontrol.accounting_enabled()
+        self.accounting = has_accounting(self.cluster)
         self.started = time.monotonic()
         self.total = 0          # runs of the sweep, for the progress line
         self.queued: list[Run] = []  # runs waiting for their turn (sequential execution)

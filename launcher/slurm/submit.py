@@ -195,6 +195,33 @@ def reattach(cluster: Cluster, run: Run, folder: Path, job_id: str):
     return job_class(folder=folder, job_id=job_id, tasks=list(range(run.spec.world_size)))
 
 
+def has_accounting(cluster: Cluster) -> bool:
+    """Whether job states can come from sacct, submitit's only source (the local executor needs none)."""
+    return cluster.executor != "slurm" or scontrol.accounting_enabled()
+
+
+def task_lines(job, prefix: str, stream: str = "stdout") -> list[str]:
+    """The lines task 0 of `job` wrote to `stream` that start with `prefix` (its progress); [] before any."""
+    paths = submitit_compat.task_paths(job.paths.folder, job.job_id, 0)
+    try:
+        text = getattr(paths, stream).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.startswith(prefix)]
+
+
+def wait_for(job, cluster: Cluster, tasks: int, poll_s: float, after_poll=lambda state: None) -> str:
+    """Poll one job (the probe, a preparation) until it ends; `after_poll(state)` after every poll, the last one
+    included, echoes its progress. Returns its final state."""
+    accounting = has_accounting(cluster)
+    while True:
+        done, state = job_done(job, cluster.executor, tasks, accounting)
+        after_poll(state)
+        if done:
+            return state
+        time.sleep(poll_s)
+
+
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE")
 
