@@ -32,8 +32,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, p
     if mesh["pp"].size() > 1:
         model = pipeline.Stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
     if mesh["tp"].size() > 1:
-        layers = [name for name, module in model.named_modules()
-                  if any(module is layer for layer in pipeline.decoder_layers(model))]
+        layers = [f"model.layers.{name}" for name, _ in model.model.layers.named_children()]  # a stage's too
         tensor.apply(model, mesh["tp"], model.config, model_plan, layers, sequence_parallel)
     if checkpointing:
         for layer in pipeline.decoder_layers(model):

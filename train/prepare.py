@@ -56,20 +56,27 @@ class Tokenizer:
 
     @classmethod
     def at(cls, directory: str) -> "Tokenizer":
-        root = Path(directory)
-        if not (root / "tokenizer.json").is_file():
-            raise DataError(f"tokenizer directory {directory} has no tokenizer.json (a fast tokenizer is needed)")
-        digest = hashlib.blake2b(digest_size=16)
-        for f in sorted(p for p in root.rglob("*") if p.is_file()):
-            digest.update(f.relative_to(root).as_posix().encode() + b"\0" + file_hash(f).encode())
+        digest = directory_hash(directory)
         tok = _load(directory)
-        eos = _eos_token(root)
-        return cls(directory, digest.hexdigest(), tok.get_vocab_size(with_added_tokens=True),
+        eos = _eos_token(Path(directory))
+        return cls(directory, digest, tok.get_vocab_size(with_added_tokens=True),
                    tok.token_to_id(eos) if eos else None)
 
     @property
     def dtype(self) -> str:
         return "uint16" if self.size <= 1 << 16 else "uint32"
+
+
+def directory_hash(directory: str) -> str:
+    """A tokenizer directory's hash: every file's name and contents (so a run can check a prepared directory's
+    tokenizer without loading it)."""
+    root = Path(directory)
+    if not (root / "tokenizer.json").is_file():
+        raise DataError(f"tokenizer directory {directory} has no tokenizer.json (a fast tokenizer is needed)")
+    digest = hashlib.blake2b(digest_size=16)
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + file_hash(f).encode())
+    return digest.hexdigest()
 
 
 def _eos_token(root: Path) -> str | None:

@@ -9,6 +9,7 @@ and train/ never imports the launcher.
 """
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -58,8 +59,6 @@ def task_outcome(folder: Path, job_id: str, task: int) -> tuple[str, object] | N
 
 def in_job() -> bool:
     """Whether this process is a submitit task running a job's callable (it exits when the callable returns)."""
-    import os
-
     return JOB_FOLDER_ENV in os.environ
 
 

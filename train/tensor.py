@@ -65,8 +65,8 @@ SEQUENCE = Shard(1)  # (batch, sequence, hidden): the sequence dimension
 
 
 def sequence_plan(layers: list[str]) -> dict[str, ParallelStyle]:
-    """The styles sequence parallelism adds to or changes in `plan` for the decoder layers named `layers` (in
-    order); the shipped plan must split exactly those layers' o_proj and down_proj row-wise."""
+    """The styles sequence parallelism adds to `plan` for the decoder layers named `layers` (in order); it
+    replaces the shipped plan's row-wise o_proj and down_proj by ones that reduce-scatter along the sequence."""
     enter = {"input_layouts": (Replicate(),), "desired_input_layouts": (SEQUENCE,)}
     leave = {"output_layouts": SEQUENCE, "desired_output_layouts": Replicate()}
     if len(layers) == 1:  # a stage of one layer slices and gathers around it
@@ -91,12 +91,5 @@ def apply(model: torch.nn.Module, tp_mesh: DeviceMesh, config, model_plan: dict[
     """Split `model`'s matrices over the tensor-parallel group in place. Every rank holds the same full weights
     (or meta tensors), so each keeps its slice without communicating (src_data_rank=None). `layers`: the names
     of the decoder layers `model` holds, in order (for sequence parallelism)."""
-    styles = plan(model, config, model_plan)
-    if sequence_parallel:
-        extra = sequence_plan(layers)
-        replaced = [name for name in extra if name in styles and not isinstance(styles[name], RowwiseParallel)]
-        if replaced:
-            raise SpecError(f"train.sequence_parallel: the model's tensor-parallel plan already places "
-                            f"{', '.join(replaced)}, which sequence parallelism must place itself")
-        styles |= extra
+    styles = plan(model, config, model_plan) | (sequence_plan(layers) if sequence_parallel else {})
     parallelize_module(model, tp_mesh, styles, src_data_rank=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from train.errors import DataError
-from train.prepare import INDEX, VERSION, Tokenizer
+from train.prepare import INDEX, VERSION, directory_hash
 
 
 def load(directory: str, tokenizer: str | None = None) -> dict:
@@ -25,7 +25,7 @@ def load(directory: str, tokenizer: str | None = None) -> dict:
     if index.get("version") != VERSION:
         raise DataError(f"{path} is version {index.get('version')!r}, this fedshard reads {VERSION}: prepare again")
     if tokenizer is not None:
-        hashed = Tokenizer.at(tokenizer).hash
+        hashed = directory_hash(tokenizer)
         if hashed != index["tokenizer"]["hash"]:
             raise DataError(f"data.tokenizer {tokenizer} (hash {hashed}) is not the tokenizer {directory} was "
                             f"prepared with ({index['tokenizer']['directory']}, hash {index['tokenizer']['hash']})")
@@ -61,7 +61,6 @@ def check_run(index: dict, directory: str, model_vocab: int, seq_len: int, globa
     if held_out < 1:
         raise DataError(f"{directory} holds out {index['eval_tokens']:,} tokens, not one block of seq_len "
                         f"{seq_len}: prepare it with a larger --eval-fraction")
-    if epochs is not None and steps != int(epochs * train // global_batch):
+    if epochs is not None and steps != (needed := int(epochs * train // global_batch)):
         raise DataError(f"data.epochs={epochs:g} of {directory} ({train:,} blocks of {seq_len} tokens) takes "
-                        f"{int(epochs * train // global_batch):,} steps of {global_batch:,} sequences, but "
-                        f"train.steps={steps:,}")
+                        f"{needed:,} steps of {global_batch:,} sequences, but train.steps={steps:,}")
