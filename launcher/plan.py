@@ -175,7 +175,7 @@ def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTim
     t = run.spec.train
     batch, micro = spread(run, layout)
     return predictor.step(*layout[:5], run.spec.model.llama_kwargs, comm_model(run), batch, t.seq_len,
-                          t.precision, t.timing, placement, *layout[5:], micro, t.sequence_parallel)
+                          t.precision, t.timing, placement, *layout[5:], micro, t.sequence_parallel, t.pp_schedule)
 
 
 def memory_of(run: Run, layout: tuple | None = None) -> memory.Memory:
@@ -344,7 +344,8 @@ def plan(settings: Settings, runs: list[Run] | None = None,
               + (f"  {e.note}" if e.note else ""))
     print(f"  paper comm and less comm: the paper's formulas at nominal bandwidth; compute, comm, step, tokens/s and "
           f"faster: the step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "
-          f"overlap) with {network}, compute {entries[0].compute_source}")
+          f"overlap) with {network}, compute "
+          + "; ".join(dict.fromkeys(e.compute_source for e in entries)))  # each source once, in run order
     print(f"fastest layouts on {widest.nodes} nodes (predicted step time):")
     for row in ranking[:5]:
         comm = (f"comm {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP" if row["ratio_to_fsdp"]

@@ -33,6 +33,8 @@ def read_probe(path: Path) -> dict:
             _ = e["level"], e["collective"], float(e["alpha_s"]), float(e["link_bytes_per_s"]), int(e["flows"])
         for w in probe["compute"]:
             _ = w["model"], w["root"]["forward_s"], w["layer"]["optimizer_s"]
+        for w in probe.get("layouts", []):  # absent from probes written before layouts were measured in place
+            _ = w["model"], w["pp"], w["tp"], w["one"]["forward_s"], w["layer"]["optimizer_s"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{path} is not a probe.json written by action=probe ({type(exc).__name__}: {exc})") from None
     return probe
@@ -48,10 +50,16 @@ class Predictor:
         self.network = (Network.from_probe(self.probe, f"probe {path}") if self.probe
                         else Network.nominal(topo.bandwidth))
 
-    def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str) -> Compute | None:
-        """Measured by the probe for this (model, seq_len, precision), at this batch or scaled in proportion from
-        the probe's (a tensor- or pipeline-parallel layout keeps the global batch on fewer data-parallel ranks,
-        so each has more), else estimated from peak_flops, else None."""
+    def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str,
+                mp: ModelParallel = ModelParallel(), schedule: str = "1f1b") -> Compute | None:
+        """A tensor- or pipeline-parallel layout's stage step as the probe measured it in place, when it did for
+        exactly this layout; else the model's compute measured by the probe for this (model, seq_len, precision),
+        at this batch or scaled in proportion from the probe's (a tensor- or pipeline-parallel layout keeps the
+        global batch on fewer data-parallel ranks, so each has more), else estimated from peak_flops, else None."""
+        if mp.P * mp.T > 1:
+            measured = self.stage_compute(llama_kwargs, batch, seq_len, precision, mp, schedule)
+            if measured is not None:
+                return measured
         wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, seq_len, precision)
         for w in (self.probe or {}).get("compute", []):
             have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["seq_len"], w["precision"])
@@ -65,9 +73,27 @@ class Predictor:
             return Compute.estimated(llama_kwargs, batch, seq_len, self.cluster.peak_flops)
         return None
 
+    def stage_compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str, mp: ModelParallel,
+                      schedule: str) -> Compute | None:
+        """The probe's in-place measurement of this layout (launcher.probe.layout: the same model shapes, batch per
+        data-parallel rank, degrees, microbatches, schedule and sequence parallelism), priced at ceil(L / pp)
+        layers per stage; None when the probe has none."""
+        wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, batch, seq_len, precision, mp.P, mp.T, mp.microbatches,
+                  schedule if mp.P > 1 else None, mp.sequence_parallel)
+        for w in (self.probe or {}).get("layouts", []):
+            have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["batch_per_rank"], w["seq_len"], w["precision"],
+                    w["pp"], w["tp"], w["microbatches"], w["pp_schedule"] if w["pp"] > 1 else None,
+                    w["sequence_parallel"])
+            if have == wanted:
+                n = -(-llama_kwargs["num_hidden_layers"] // mp.P)
+                per = {k: w["one"][k] + (n - 1) * w["layer"][k] for k in w["one"]}
+                return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"],
+                               "the layout's stage measured in place by the probe", in_place=True)
+        return None
+
     def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
              batch: int, seq_len: int, precision: str, timing: str, placement: Placement, P: int = 1, T: int = 1,
-             microbatches: int = 1, sequence_parallel: bool = False) -> StepTime:
+             microbatches: int = 1, sequence_parallel: bool = False, schedule: str = "1f1b") -> StepTime:
         """`batch`: sequences per data-parallel rank. A probe written before barriers were timed prices them at
         nothing."""
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
@@ -76,5 +102,6 @@ class Predictor:
         if placement.loads is None:
             placement.loads = load(placement, F, R, S, self.topo, P, T)
         return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, placement.loads, self.network,
-                         self.compute(llama_kwargs, batch, seq_len, precision), overlap=self.cluster.device == "cuda",
+                         self.compute(llama_kwargs, batch, seq_len, precision, mp, schedule),
+                         overlap=self.cluster.device == "cuda",
                          sync_s=sync_seconds(barrier_s, timing == "phases", F, A), mp=mp)

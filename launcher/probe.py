@@ -1,8 +1,9 @@
 """action=probe: time all_gather, reduce_scatter, all_reduce and broadcast across every topology level, on the
 nodes and in the rank layout of the sweep's widest run, with the backend training uses, and fit latency and
 bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table. The same job then
-calibrates compute (train.calibrate) for every (model, batch, precision) the sweep runs: the step-time model
-(placement.steptime) reads both back, for this sweep or, with cluster.probe=FILE, for another.
+calibrates compute (train.calibrate) for every (model, batch, precision) the sweep runs, and times the stage step
+of every tensor- or pipeline-parallel layout it runs in place (train.calibrate_layout): the step-time model
+(placement.steptime) reads them back, for this sweep or, with cluster.probe=FILE, for another.
 
 The job is submitted like a run (submitit, local or SLURM); its task 0 prints a line per (level, collective)
 done, which the launcher echoes while it waits.
@@ -43,12 +44,30 @@ def workload(run) -> dict:
             "precision": t.precision}
 
 
-def workloads(runs) -> list[dict]:
+def layout(run) -> dict | None:
+    """What a tensor- or pipeline-parallel run's stage step depends on (train.calibrate_layout), None for others:
+    its workload at the batch of one data-parallel rank, and its degrees, microbatches and schedule."""
+    t = run.spec.train
+    if t.pp * t.tp == 1:
+        return None
+    return {**workload(run), "pp": t.pp, "tp": t.tp, "microbatches": t.n_microbatches, "pp_schedule": t.pp_schedule,
+            "sequence_parallel": t.sequence_parallel}
+
+
+def distinct(items) -> list[dict]:
     out = []
-    for run in runs:
-        if workload(run) not in out:
-            out.append(workload(run))
+    for item in items:
+        if item is not None and item not in out:
+            out.append(item)
     return out
+
+
+def workloads(runs) -> list[dict]:
+    return distinct(workload(run) for run in runs)
+
+
+def layouts(runs) -> list[dict]:
+    return distinct(layout(run) for run in runs)
 
 
 def summarise(raw: dict, topo: dict) -> dict:
@@ -71,7 +90,7 @@ def summarise(raw: dict, topo: dict) -> dict:
                        "flows": flows[row["level"]]})
         levels[-1]["link_bytes_per_s"] = levels[-1]["bus_bytes_per_s"] * levels[-1]["flows"]
     return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "barrier_s": raw["barrier_s"],
-            "compute": raw["compute"]}
+            "compute": raw["compute"], "layouts": raw["layouts"]}
 
 
 def table(probe: dict) -> str:
@@ -91,6 +110,15 @@ def table(probe: dict) -> str:
                      f"optimizer (whole model) {per['optimizer_s'] * 1e3:.1f} ms per rank"
                      + (f"; repeatability: forward+backward within ±{w['spread']['forward_backward']:.1%} over "
                         f"{len(w['repeats'])} repeats (medians shown)" if "spread" in w else ""))
+    for w in probe.get("layouts", []):
+        n = -(-w["model"]["num_hidden_layers"] // w["pp"])
+        fb = sum(w["one"][k] + (n - 1) * w["layer"][k] for k in ("forward_s", "backward_s"))
+        lines.append(f"compute of layout pp={w['pp']} tp={w['tp']} ({w['microbatches']} microbatches, "
+                     f"{w['pp_schedule'] if w['pp'] > 1 else 'no schedule'}"
+                     f"{', sequence-parallel' if w['sequence_parallel'] else ''}), {w['batch_per_rank']}x"
+                     f"{w['seq_len']} tokens per pipeline, {w['precision']}: forward+backward {fb * 1e3:.1f} ms per "
+                     f"stage of {n} layers, in place (tensor and pipeline traffic and bubble included); within "
+                     f"±{w['spread']['forward_backward']:.1%} over {len(w['repeats'])} repeats")
     return "\n".join(lines)
 
 
@@ -120,16 +148,17 @@ class ProbeJob:
     planned hosts (cluster=local's virtual nodes)."""
 
     def __init__(self, hosts: list[str], topology: dict, sizes: list[int], out_path: str, device: str,
-                 backend: str, timeout_s: float, iters: int, workloads: list[dict]):
+                 backend: str, timeout_s: float, iters: int, workloads: list[dict], layouts: list[dict]):
         self.hosts, self.topology, self.sizes, self.out_path = hosts, topology, sizes, out_path
         self.device, self.backend, self.timeout_s, self.iters = device, backend, timeout_s, iters
-        self.workloads = workloads
+        self.workloads, self.layouts = workloads, layouts
 
     def __call__(self) -> None:
         import torch.distributed as dist  # the job's side: torch only where ranks run
 
         from train import launch_env
         from train.calibrate import calibrate
+        from train.calibrate_layout import calibrate_layouts
         from train.job import leave_when_the_task_ends
         from train.probe import barrier_seconds, measure
 
@@ -146,10 +175,12 @@ class ProbeJob:
         rows = measure(env.rank, levels, self.sizes, COLLECTIVES, device, iters=self.iters, progress=say)
         barrier_s = barrier_seconds(device)
         compute = calibrate(env.rank, self.workloads, device, iters=self.iters, progress=say)
+        stages = calibrate_layouts(env.rank, self.layouts, device, iters=self.iters, progress=say)
         launch_env.shutdown(env, out_dir)
         if env.rank == 0:
             write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
-                                                          "barrier_s": barrier_s, "compute": compute}) + "\n")
+                                                          "barrier_s": barrier_s, "compute": compute,
+                                                          "layouts": stages}) + "\n")
         leave_when_the_task_ends()  # calibrate's fully_shard leaves gloo groups to finalization (train.job)
 
 
@@ -166,7 +197,7 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
     tree = topology.to_json(topo)
     job = ProbeJob(widest.placement.hosts, tree, sizes(settings.probe["max_bytes"]),
                    str(raw_path), cluster.device, cluster.backend, widest.run.spec.train.timeout_s,
-                   settings.probe["iters"], workloads([p.run for p in planned]))
+                   settings.probe["iters"], workloads([p.run for p in planned]), layouts([p.run for p in planned]))
     submitted = submit_job(cluster, make_executor(cluster, widest, folder / "submitit"), job, "the probe",
                            folder / "submitit")
     world = widest.run.spec.world_size

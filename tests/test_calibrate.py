@@ -82,3 +82,72 @@ def test_the_two_models_step_in_turn():
     [(order, sharded)] = run_ranks(_steps_in_turn, 1)
     assert sharded  # FSDP2's hooks and the DTensor optimizer are in the calibrated times
     assert order[:2] == [0, 1] and order[2:] == [0, 1] * ((len(order) - 2) // 2) and len(order) >= 10
+
+
+LAYOUT = {**WORKLOAD, "batch_per_rank": 4, "pp": 2, "tp": 2, "microbatches": 2, "pp_schedule": "gpipe",
+          "sequence_parallel": False}
+
+
+def _layouts(rank, world):
+    from train.calibrate_layout import calibrate_layouts
+
+    return calibrate_layouts(rank, [LAYOUT, {**LAYOUT, "pp": 3, "tp": 1, "microbatches": 3}], iters=2, repeats=3)
+
+
+def test_a_layout_is_measured_in_place_and_one_the_ranks_cannot_hold_is_skipped():
+    """4 gloo ranks time the pp = 2 x tp = 2 stage step (gpipe, 2 microbatches); pp = 3 does not divide them."""
+    results = run_ranks(_layouts, 4)
+    assert all(r == results[0] for r in results)  # the slowest rank's numbers, everywhere
+    [w] = results[0]
+    assert {k: w[k] for k in LAYOUT} == LAYOUT and len(w["repeats"]) == 3
+    assert w["one"]["backward_s"] == 0 and w["layer"]["backward_s"] == 0  # the schedule's step counts as forward
+    assert w["one"]["forward_s"] > 0 and w["layer"]["forward_s"] > 0
+    assert w["one"]["optimizer_s"] > 0 and w["layer"]["optimizer_s"] > 0
+    for part in ("one", "layer"):
+        assert w[part]["forward_s"] == statistics.median(r[part]["forward_s"] for r in w["repeats"])
+
+
+def _stage_of(rank, world):
+    """Whether the timed stage is parallelised as training parallelises it: a pipeline over 2 stages of
+    tensor-parallel DTensors, sharded by FSDP2 on its own one-rank group."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    from train.calibrate_layout import _Stage
+
+    mesh = init_device_mesh("cpu", (1, 1, 2, 2), mesh_dim_names=("calibrating", "alone", "pp", "tp"))
+    stage = _Stage(LAYOUT, 2, mesh, "cpu")
+    q = stage.model.model.layers[str(2 * (rank // 2))].self_attn.q_proj.weight
+    return (stage.pipeline is not None, isinstance(stage.model, FSDPModule), isinstance(q, DTensor),
+            tuple(q.device_mesh.mesh_dim_names), len(stage.model.model.layers), stage.step()[0] > 0)
+
+
+def test_the_timed_stage_is_parallelised_as_training_parallelises_it():
+    for pipelined, sharded, dtensor, dims, layers, timed in run_ranks(_stage_of, 4):
+        assert pipelined and sharded and dtensor and timed
+        assert set(dims) == {"alone", "tp"} and layers == 2  # 2 layers per stage of the 4-layer model
+
+
+def _scripted_layout(rank, world, script):
+    """calibrate_layouts with in_turn replaced by scripted (1-layer, 2-layer) stage timings, one pair per try."""
+    from train import calibrate_layout as cal
+    from train.calibrate import CalibrationError
+
+    timings = iter(script)
+    cal.in_turn = lambda steps, *a: [next(timings), next(timings)]
+    try:
+        return cal.calibrate_layouts(rank, [{**LAYOUT, "pp": 1, "tp": 1, "microbatches": 1}], repeats=1, tries=3)
+    except CalibrationError as exc:
+        return str(exc)
+
+
+def test_a_layout_whose_further_layer_costs_nothing_is_measured_again_then_refused():
+    good = ([2.0, 4.0, 0.5], [3.0, 6.0, 1.0])
+    flat = ([2.0, 4.0, 0.5], [2.5, 3.5, 1.0])  # forward + backward of the second layer: 0
+    [[w]] = run_ranks(_scripted_layout, 1, [*flat, *good])
+    assert (w["one"]["forward_s"], w["one"]["backward_s"]) == (2.0, 4.0)
+    assert (w["layer"]["forward_s"], w["layer"]["backward_s"]) == (1.0, 2.0)
+    [error] = run_ranks(_scripted_layout, 1, [*flat, *flat, *flat])
+    assert error.startswith("probe: compute of layout pp=1 tp=1 at 4x16 tokens: a stage of 2 layers was not slower "
+                            "than one of 1 in 3 tries")

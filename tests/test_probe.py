@@ -1,4 +1,6 @@
 """The probe on gloo ranks: every level and collective timed, points that an alpha-beta fit accepts."""
+import pytest
+
 from launcher.placement.alphabeta import COLLECTIVES, fit
 from train.local_ranks import run_ranks
 
@@ -29,16 +31,17 @@ def test_probe_times_every_level_and_collective_on_gloo_ranks():
 
 def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     """`python -m launcher action=probe` on cluster=local: a job on the widest run's ranks, progress echoed,
-    probe.json with a fit per (level, collective), probe.png."""
+    probe.json with a fit per (level, collective), the compute of each workload, the tp = 2 layout's stage
+    measured in place, probe.png; the next plan prices every run from it."""
     import json
     import subprocess
     import sys
 
     from tests.support import clean_env
 
-    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "train.seq_len=128", "action=probe",
-                           "probe.max_bytes=16777216",
-                           "probe.iters=3", f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=600,
+    sweep = ["sweep=smoke", "train.seq_len=128", "sweep.tp=[1,2]", f"results_dir={tmp_path}"]
+    proc = subprocess.run([sys.executable, "-m", "launcher", *sweep, "action=probe", "probe.max_bytes=16777216",
+                           "probe.iters=3"], capture_output=True, text=True, timeout=600,
                           env=clean_env(slurm_client=False))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     probe = json.loads((tmp_path / "local" / "smoke" / "probe.json").read_text())
@@ -51,32 +54,48 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
         # node: one pair per (virtual) node; leaf: both positions' pairs leave each node
         assert e["flows"] == {"node": 1, "leaf": 2}[e["level"]]
         assert e["link_bytes_per_s"] == e["bus_bytes_per_s"] * e["flows"]
-    [compute] = probe["compute"]  # smoke's two runs share one model, batch and precision
-    assert (compute["batch_per_rank"], compute["seq_len"], compute["precision"]) == (4, 128, "fp32")
+    # one model and precision; a tp = 2 rank's data-parallel rank takes twice the batch
+    assert [(c["batch_per_rank"], c["seq_len"], c["precision"]) for c in probe["compute"]] == \
+        [(4, 128, "fp32"), (8, 128, "fp32")]
+    compute = probe["compute"][0]
     for part in ("root", "layer"):
         assert set(compute[part]) == {"forward_s", "backward_s", "optimizer_s"}
         assert all(v > 0 for v in compute[part].values())  # measured, not clamped to 0
-    assert compute["layer"]["forward_s"] + compute["layer"]["backward_s"] > 0
     assert len(compute["repeats"]) == 5 and compute["spread"]["forward_backward"] >= 0  # repeated, spread reported
     assert "forward+backward within ±" in proc.stdout and "over 5 repeats (medians shown)" in proc.stdout
     assert "probe: leaf broadcast on 2 ranks, 8 sizes done" in proc.stdout  # progress, echoed while it ran
     layers = compute["model"]["num_hidden_layers"]
     assert f"probe: compute of {layers}-layer model at 4x128 tokens (fp32) done" in proc.stdout
+    # FSDP (1,1,2) and FL+FSDP (2,1,1) at tp = 2 share one stage step: measured once, in place
+    [stage] = probe["layouts"]
+    assert {k: stage[k] for k in ("batch_per_rank", "seq_len", "pp", "tp", "microbatches", "sequence_parallel")} == \
+        {"batch_per_rank": 8, "seq_len": 128, "pp": 1, "tp": 2, "microbatches": 1, "sequence_parallel": False}
+    assert stage["one"]["forward_s"] + stage["one"]["backward_s"] > 0 and len(stage["repeats"]) == 5
+    assert stage["layer"]["forward_s"] + stage["layer"]["backward_s"] > 0
+    assert "probe: compute of layout pp=1 tp=2 at 8x128 tokens done" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
     assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
 
     # the sweep's next plan reads the probe: measured compute, the probe's alpha/beta, and a step per run
-    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "train.seq_len=128", "action=plan",
-                           f"results_dir={tmp_path}"],
+    proc = subprocess.run([sys.executable, "-m", "launcher", *sweep, "action=plan"],
                           capture_output=True, text=True, timeout=300, env=clean_env(slurm_client=False))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     plan = json.loads((tmp_path / "local" / "smoke" / "plan.json").read_text())
     assert plan["network"].startswith("probe ") and plan["network"].endswith("probe.json")
+    assert [e["tp"] for e in plan["runs"]] == [1, 2, 1, 2]
     for e in plan["runs"]:
-        assert e["compute_source"] == "measured by the probe"
         full, none = e["predicted_step_bounds_s"]
         assert 0 < full <= none and e["predicted_step_s"] == none  # CPU: no overlap
         assert e["predicted_compute_s"] > 0 and e["predicted_tokens_per_s"] > 0
+        if e["tp"] == 1:
+            assert e["compute_source"] == "measured by the probe"
+            continue
+        # the stage step as measured (one layer, then each further layer) and the optimizer on the rank's 1/S
+        assert e["compute_source"] == "the layout's stage measured in place by the probe"
+        whole = {k: stage["one"][k] + (layers - 1) * stage["layer"][k] for k in stage["one"]}
+        assert e["predicted_compute_s"] == pytest.approx(whole["forward_s"] + whole["backward_s"]
+                                                         + whole["optimizer_s"] / e["S"])
+        assert "tensor" not in e["predicted_comm_by_group_s"]  # inside the measured stage step
     assert "compute measured by the probe" in proc.stdout and "fastest layouts on 2 nodes" in proc.stdout
 
 

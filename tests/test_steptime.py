@@ -218,3 +218,17 @@ def test_pipeline_step_by_hand():
     assert t.compute_s == pytest.approx(3.0 / 2 * 3 / 2 + 4.0 / (4 * 2))
     # nothing overlaps the pipeline's sends, even with FSDP's traffic hidden behind compute
     assert t.full_overlap_s == pytest.approx(max(3.0 / 2 * 3 / 2, t.comm_s["shard"]) + 4.0 / 8 + t.comm_s["pipeline"])
+
+
+def test_a_stage_step_measured_in_place_replaces_the_priced_parts():
+    # The same pp = 2 layout with its stage step measured (train.calibrate_layout): forward + backward as measured,
+    # already split, with the bubble and the pipeline's sends in it; the optimizer on the rank's 1/S; FSDP's
+    # traffic on the shrunken units priced as before.
+    mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
+    stage = Compute(forward_s=0.75, backward_s=0.0, optimizer_s=2.0, source="in place", in_place=True)
+    loads = {"shard": LEAF, "replicate": {}, "federation": {}, "tensor": {}, "pipeline": {0: 1}}
+    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, stage, overlap=False, mp=mp)
+    priced = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, COMPUTE, overlap=False, mp=mp)
+    assert "pipeline" not in t.comm_s and t.comm_s["shard"] == priced.comm_s["shard"]
+    assert t.compute_s == pytest.approx(0.75 + 2.0 / 4) and t.compute_source == "in place"
+    assert t.no_overlap_s == pytest.approx(0.75 + 2.0 / 4 + t.comm_s["shard"])

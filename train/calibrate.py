@@ -15,6 +15,7 @@ while the collectives themselves, priced per level by the probe, stay out.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import statistics
 import time
@@ -64,23 +65,29 @@ def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision:
     return model, optimizer, ids
 
 
+def in_turn(steps: list, iters: int, device: str) -> list[list[float]]:
+    """Median phase seconds of each of `steps` (callables timing one training step each), over at least `iters`
+    steps and as many as last MIN_TIMED_S. They step in turn, so a passing load (another process, a neighbour's
+    burst) slows all alike and their differences keep their sign; every rank runs the same number of steps, each
+    started at a barrier, after one warm-up step each (it allocates AdamW's state: not counted)."""
+    dist.barrier()
+    warm = sum(sum(step()) for step in steps)
+    count = torch.tensor([min(MAX_ITERS, max(iters, math.ceil(MIN_TIMED_S / max(warm, 1e-9))))], device=device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    samples: list[list] = [[] for _ in steps]
+    for _ in range(int(count.item())):
+        for k, step in enumerate(steps):
+            dist.barrier()
+            samples[k].append(step())
+    return [[statistics.median(s[k] for s in runs) for k in range(len(runs[0]))] for runs in samples]
+
+
 def _time_pair(llama_kwargs: dict, batch: int, seq_len: int, precision: str, device: str,
                iters: int, alone) -> tuple[tuple[list[float], int], tuple[list[float], int]]:
     """((median forward, backward and optimizer seconds, parameters) of the 0-layer model (the root alone), the
-    same of the 1-layer model), over at least `iters` steps each and as many as last MIN_TIMED_S. The two models
-    step in turn, so a passing load (another process, a neighbour's burst) slows both alike and their
-    difference, the layer, keeps its sign; every rank runs the same number of steps, each started at a barrier."""
+    same of the 1-layer model), stepped in turn (in_turn)."""
     pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device, alone) for layers in (0, 1)]
-    dist.barrier()
-    warm = sum(sum(_step(m, o, ids, device)) for m, o, ids in pair)  # allocates AdamW's state: not counted
-    steps = torch.tensor([min(MAX_ITERS, max(iters, math.ceil(MIN_TIMED_S / max(warm, 1e-9))))], device=device)
-    dist.all_reduce(steps, op=dist.ReduceOp.MAX)
-    samples: list[list] = [[], []]
-    for _ in range(int(steps.item())):
-        for k, (model, optimizer, ids) in enumerate(pair):
-            dist.barrier()
-            samples[k].append(_step(model, optimizer, ids, device))
-    one, two = ([statistics.median(s[k] for s in runs) for k in range(3)] for runs in samples)
+    one, two = in_turn([functools.partial(_step, m, o, ids, device) for m, o, ids in pair], iters, device)
     return (one, models.count_params(pair[0][0])), (two, models.count_params(pair[1][0]))
 
 

@@ -24,6 +24,9 @@ split over tp ranks (stage_shapes), and the units above shrink accordingly; besi
   and their gradient back, priced as a broadcast between two ranks on the level the stages cross;
 - compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
+Where the probe measured the layout's own stage step in place (Compute.in_place, train.calibrate_layout), that
+measurement replaces the last three items: it holds the split compute, the bubble and the tensor and pipeline
+traffic as this machine runs them, which the parts above priced 35-71 % short on the testbed.
 """
 from __future__ import annotations
 
@@ -145,6 +148,8 @@ class Compute:
     backward_s: float
     optimizer_s: float
     source: str
+    in_place: bool = False  # a tensor- or pipeline-parallel layout's own stage, measured (train.calibrate_layout):
+                            # already one rank's share, with the bubble and the tensor and pipeline traffic in it
 
     @classmethod
     def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":
@@ -227,10 +232,14 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
         federation += chunks * net("broadcast", shard_bytes / chunks, R, loads["replicate"])
         federation /= A
     comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
-    if mp.P * mp.T > 1:
+    in_place = compute is not None and compute.in_place
+    if mp.P * mp.T > 1 and not in_place:
         comm |= model_parallel_seconds(mp, stage.layers, gather_b, net, loads)
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
+    elif in_place:
+        hidden, source = compute.forward_s + compute.backward_s, compute.source
+        exposed_compute = compute.optimizer_s / S
     else:
         bubble = (mp.microbatches + mp.P - 1) / mp.microbatches
         hidden, source = (compute.forward_s + compute.backward_s) / (mp.P * mp.T) * bubble, compute.source
