@@ -255,6 +255,22 @@ def layout_name(row: dict) -> str:
     return f"{row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}{mp}"
 
 
+def ranking_table(ranking: list[dict], nodes: int, G: int, capacity: float | None, header: str) -> str:
+    """ranking.md: every layout the plan ranked, fastest first, with its predicted step and memory per device, so
+    a reader can see where each layout lands without reading plan.json."""
+    lines = [f"# Every layout on {nodes} nodes of {G} GPUs, fastest first", "", header, "",
+             "| # | strategy | F | R | S | A | pp | tp | predicted step (s) | faster than FSDP | memory per device |"
+             + (" fits |" if capacity else ""),
+             "|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---|" if capacity else "")]
+    for i, row in enumerate(ranking, 1):
+        speedup = "-" if row.get("speedup_over_fsdp") is None else f"{row['speedup_over_fsdp']:.3g}×"
+        lines.append(f"| {i} | {row['strategy']} | {row['F']} | {row['R']} | {row['S']} | {row['A'] or '-'} | "
+                     f"{row['pp']} | {row['tp']} | {row['predicted_step_s']:.4g} | {speedup} | "
+                     f"{human_bytes(row['memory_per_device_bytes'])} |"
+                     + ((" yes |" if row["fits"] else " **no** |") if capacity else ""))
+    return "\n".join(lines) + "\n"
+
+
 def check_memory(settings: Settings, runs: list[Run]) -> None:
     """Refuse, before anything is submitted, a run whose devices cannot hold it (cluster.gpu_memory_GB)."""
     capacity = settings.cluster.gpu_memory_GB
@@ -318,6 +334,11 @@ def plan(settings: Settings, runs: list[Run] | None = None,
                                    "topology": source, "network": network, "nodes": nodes,
                                    "runs": [e.to_json() for e in entries],
                                    "ranking": ranking}, indent=2) + "\n")
+    sources = "; ".join(dict.fromkeys(e.compute_source for e in entries))  # each source once, in run order
+    write_atomic(settings.sweep_dir / "ranking.md", ranking_table(
+        ranking, widest.nodes, G, capacity, f"`action=plan` of sweep {settings.sweep.name} on cluster "
+        f"{settings.cluster.name} ({source}): the step-time model with {network}, compute {sources}; memory "
+        f"per device from launcher/placement/memory.py" + (f" against {capacity:g} GB" if capacity else "") + "."))
     if not echo:
         return planned, entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
@@ -344,8 +365,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
               + (f"  {e.note}" if e.note else ""))
     print(f"  paper comm and less comm: the paper's formulas at nominal bandwidth; compute, comm, step, tokens/s and "
           f"faster: the step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "
-          f"overlap) with {network}, compute "
-          + "; ".join(dict.fromkeys(e.compute_source for e in entries)))  # each source once, in run order
+          f"overlap) with {network}, compute {sources}")
     print(f"fastest layouts on {widest.nodes} nodes (predicted step time):")
     for row in ranking[:5]:
         comm = (f"comm {oriented(1 / row['ratio_to_fsdp'], 'more', 'less')} than FSDP" if row["ratio_to_fsdp"]

@@ -52,6 +52,14 @@ def test_ranking_tries_tensor_and_pipeline_degrees_and_marks_what_does_not_fit(t
     fits = [row["fits"] for row in ranking]
     assert True in fits and False in fits and fits == sorted(fits, reverse=True)  # what fits comes first
     assert all(row["memory_per_device_bytes"] <= 50e9 for row in ranking if row["fits"])
+    # ranking.md: every ranked layout, in the same order, with its step and memory per device
+    table = (tmp_path / "leonardo" / "paper_table3" / "ranking.md").read_text().splitlines()
+    rows = [line for line in table if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == len(ranking) and table[0] == "# Every layout on 128 nodes of 4 GPUs, fastest first"
+    first, last = rows[0].split(" | "), rows[-1].split(" | ")
+    assert first[1:8] == [str(ranking[0][k] or "-") for k in ("strategy", "F", "R", "S", "A", "pp", "tp")]
+    assert float(first[8]) == float(f"{ranking[0]['predicted_step_s']:.4g}") and first[-1] == "yes |"
+    assert last[-1] == "**no** |" and last[-2].endswith("GB")
 
 
 def test_memory_model_moves_as_the_layout_says():
