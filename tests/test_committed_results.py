@@ -35,6 +35,10 @@ COMMITTED = {
                                          "cluster=testbed"],
     "testbed/validation_model_parallel": ["sweep=testbed_validation", "sweep.name=validation_model_parallel",
                                           "cluster=testbed"],
+    "testbed/validation_model_parallel_inplace": ["sweep=testbed_validation",
+                                                  "sweep.name=validation_model_parallel_inplace", "cluster=testbed"],
+    "testbed/validation_model_parallel_mha": ["sweep=testbed_validation", "sweep.name=validation_model_parallel_mha",
+                                              "cluster=testbed"],
 }
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv", "scaling.csv")
 
@@ -89,7 +93,8 @@ def _signed(x: float) -> str:
 
 VALIDATIONS = ["testbed/validation_slurm_mini", "testbed/validation_slurm_mini_seq128", "testbed/validation_slurm_tiny",
                "testbed/validation_topology_mini", "testbed/validation_topology_tiny",
-               "testbed/validation_model_parallel"]
+               "testbed/validation_model_parallel", "testbed/validation_model_parallel_mha",
+               "testbed/validation_model_parallel_inplace"]
 
 
 @pytest.mark.parametrize("where", VALIDATIONS)
