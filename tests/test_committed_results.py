@@ -140,3 +140,17 @@ def test_model_parallel_degrees_are_columns_of_table3_and_prediction(where):
     assert prediction and all((int(row["pp"]), int(row["tp"])) == configs[row["run_id"]] for row in prediction)
     table = list(csv.DictReader((RESULTS / where / "table3.csv").read_text().splitlines()))
     assert sorted((int(row["P"]), int(row["T"])) for row in table) == sorted(configs.values())
+
+
+@pytest.mark.parametrize("cluster", ["leonardo", "nvl72"])
+def test_action_plan_rebuilds_the_committed_rankings(cluster, tmp_path):
+    """results/plans/: each ranking.md is what action=plan writes today, byte for byte, with the README's command."""
+    readme = (RESULTS / "plans" / "README.md").read_text()
+    [command] = [line.split("python -m launcher ")[1] for line in readme.splitlines()
+                 if "python -m launcher " in line and f"cluster={cluster} " in line]
+    args = [a for a in command.split() if not a.startswith("results_dir=")]
+    proc = subprocess.run([sys.executable, "-m", "launcher", *args, f"results_dir={tmp_path}"], capture_output=True,
+                          text=True, cwd=ROOT, env=clean_env(slurm_client=False), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rebuilt = (tmp_path / cluster / "paper_table3" / "ranking.md").read_text()
+    assert rebuilt == (RESULTS / "plans" / cluster / "paper_table3" / "ranking.md").read_text()
