@@ -27,13 +27,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from . import model as models
 from . import parallelize
 from .errors import FedshardError
+from .launch_env import sync_device
 
 PHASES = ("forward_s", "backward_s", "optimizer_s")
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 MIN_TIMED_S = 0.2  # each timing runs enough steps to last this long: a tiny model's millisecond phases are
@@ -44,14 +40,14 @@ def _step(model, optimizer, ids, device: str) -> tuple[float, float, float]:
     """Forward, backward and optimizer seconds of one training step."""
     start = time.perf_counter()
     loss = model(input_ids=ids, labels=ids).loss
-    _sync(device)
+    sync_device(device)
     forward = time.perf_counter()
     loss.backward()
-    _sync(device)
+    sync_device(device)
     backward = time.perf_counter()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    _sync(device)
+    sync_device(device)
     return forward - start, backward - forward, time.perf_counter() - backward
 
 

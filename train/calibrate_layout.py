@@ -25,13 +25,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from . import model as models
 from . import parallelize, pipeline
 from .calibrate import PHASES, CalibrationError, in_turn, spread
+from .launch_env import sync_device
 
 DEPTHS = (1, 2)  # decoder layers per stage of the two models timed
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 class _Stage:
@@ -59,18 +55,18 @@ class _Stage:
         start = time.perf_counter()
         if self.pipeline is None:
             loss = self.model(input_ids=self.ids, labels=self.ids).loss
-            _sync(self.device)
+            sync_device(self.device)
             forward = time.perf_counter()
             loss.backward()
         else:
             self.pipeline.step(self.ids)
-            forward = None
-        _sync(self.device)
+        sync_device(self.device)
         backward = time.perf_counter()
-        forward = forward or backward
+        if self.pipeline is not None:
+            forward = backward
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        _sync(self.device)
+        sync_device(self.device)
         return forward - start, backward - forward, time.perf_counter() - backward
 
 

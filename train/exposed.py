@@ -14,6 +14,8 @@ import time
 import torch
 from torch.distributed.fsdp import FSDPModule
 
+from .launch_env import sync_device
+
 NOT_MEASURED = "not measured: {}"
 METHOD = ("compute-only steps after training: FSDP parameters kept gathered, gradient sync off, no collective; "
           "max over ranks")
@@ -48,19 +50,14 @@ def compute_only_s(model: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
             p.grad = torch.zeros_like(p)
     times = []
     for ids in batches:
-        _sync(device)
+        sync_device(device)
         start = time.perf_counter()
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
-        _sync(device)
+        sync_device(device)
         times.append(time.perf_counter() - start)
     timed = times[1:] or times
     for module in model.modules():  # the gathered parameters are freed again
         if isinstance(module, FSDPModule):
             module.reshard()
     return sum(timed) / len(timed)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
