@@ -1,9 +1,11 @@
 """A rank that stops in the middle of a run fails it within seconds, naming ranks, phase and step."""
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.support import children, clean_env, steps_logged, wait_for
@@ -29,8 +31,19 @@ def test_a_stopped_rank_is_named_long_before_the_time_limit(tmp_path):
     ranks = children(proc.pid)
     victim = next(p for p in ranks if _local_rank(p) == 2)
     os.kill(victim, signal.SIGSTOP)
+    err = ""
     try:
-        _, err = proc.communicate(timeout=120)  # the gloo timeout (600 s) would be far later
+        # the gloo timeout (600 s) would be far later; once a rank has named the stopped one, that rank is killed,
+        # since torchrun would give a stopped process its 30 s of SIGTERM grace before SIGKILL
+        deadline, ready = time.monotonic() + 120, selectors.DefaultSelector()
+        ready.register(proc.stderr, selectors.EVENT_READ)
+        while "fedshard: error: rank" not in err and ready.select(timeout=max(0.0, deadline - time.monotonic())):
+            line = proc.stderr.readline()
+            if not line:
+                break
+            err += line
+        os.kill(victim, signal.SIGKILL)
+        err += proc.communicate(timeout=120)[1]
     finally:
         for pid in ranks:
             for sig in (signal.SIGCONT, signal.SIGKILL):
