@@ -40,6 +40,13 @@ def read_probe(path: Path) -> dict:
     return probe
 
 
+def stage_seconds(measured: dict, layers: int) -> dict:
+    """Phase seconds of a stage of ceil(layers / pp) layers from a probe's in-place layout measurement
+    (train.calibrate_layout): the 1-layer stage step plus each further layer."""
+    n = -(-layers // measured["pp"])
+    return {k: measured["one"][k] + (n - 1) * measured["layer"][k] for k in measured["one"]}
+
+
 class Predictor:
     """Prices layouts placed on `topo`; says where its numbers come from (network.source, Compute.source)."""
 
@@ -85,8 +92,7 @@ class Predictor:
                     w["pp"], w["tp"], w["microbatches"], w["pp_schedule"] if w["pp"] > 1 else None,
                     w["sequence_parallel"])
             if have == wanted:
-                n = -(-llama_kwargs["num_hidden_layers"] // mp.P)
-                per = {k: w["one"][k] + (n - 1) * w["layer"][k] for k in w["one"]}
+                per = stage_seconds(w, llama_kwargs["num_hidden_layers"])
                 return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"],
                                "the layout's stage measured in place by the probe", in_place=True)
         return None

@@ -2,7 +2,7 @@
 
 A layout with tp or pp above 1 computes with collectives inside: tensor-parallel all-reduces in every layer,
 activations sent between stages, a schedule's bubble. Priced from bare-collective fits and compute / (pp x tp),
-such steps came out 35-71 % too short on the testbed (results/testbed/validation_model_parallel): on gloo every
+such steps came out up to 71 % too short on the testbed (results/testbed/validation_model_parallel): on gloo every
 tensor-parallel collective blocks its rank inside DTensor's dispatch, which no fit of bare collectives sees.
 So the probe runs the layout's own stage step: every rank of the job at once (ranks sharing a node's cores slow
 each other as in training), in a mesh (dp, 1, pp, tp) whose data-parallel ranks are each their own shard group

@@ -26,7 +26,7 @@ split over tp ranks (stage_shapes), and the units above shrink accordingly; besi
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
 Where the probe measured the layout's own stage step in place (Compute.in_place, train.calibrate_layout), that
 measurement replaces the last three items: it holds the split compute, the bubble and the tensor and pipeline
-traffic as this machine runs them, which the parts above priced 35-71 % short on the testbed.
+traffic as this machine runs them, which the parts above priced up to 71 % short on the testbed.
 """
 from __future__ import annotations
 
