@@ -5,6 +5,8 @@ Hypothesis runs without its per-example deadline: a timing limit would make test
 import pytest
 from hypothesis import settings
 
+import tests.forked  # noqa: F401 -- before any forkserver starts: it preloads what tests/forked.py runs too
+
 settings.register_profile("fedshard", deadline=None)
 settings.load_profile("fedshard")
 

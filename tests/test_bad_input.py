@@ -1,4 +1,5 @@
-"""The bad-input table: every row runs the real CLI and must end with one line `fedshard: error: ...`, exit
+"""The bad-input table: every row runs the real CLI (forked from an interpreter that has imported it, tests/forked.py)
+and must end with one line `fedshard: error: ...`, exit
 status 2, and nothing submitted or written. docs/troubleshooting.md lists the same ids.
 
 A case is (id, command, expected fragment, prepare):
@@ -13,13 +14,12 @@ import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.support import PYTHON_ONLY, ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "slurm-22.05.8"
@@ -561,8 +561,7 @@ def test_bad_input(tmp_path, tiny_tokenizer, case_id, command, message, prepare)
         argv = ["-m", "train", str(ctx.spec_path)]
     before = {"results": _files(ctx.results), "run": _files(ctx.run), "elsewhere": _files(tmp_path / "elsewhere")}
     try:
-        proc = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=_environment(ctx, subs),
-                              capture_output=True, text=True, timeout=120)
+        proc = forked.run(*argv[1:], cwd=tmp_path, env=_environment(ctx, subs), timeout=120)
     finally:
         for obj in ctx.held:
             obj.close()

@@ -1,11 +1,10 @@
 """Exact resume: a run killed mid-way and started again gives the losses of an uninterrupted run."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.support import clean_env, losses, uninterrupted
 from train.result import RunResult
 
@@ -21,9 +20,9 @@ def _spec(tmp_path: Path, name: str, **over) -> Path:
     return path
 
 
-def _torchrun(spec: Path, entry=("train",)) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "-m", *entry,
-                             str(spec)], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _torchrun(spec: Path, entry=("train",)) -> forked.Ranks:
+    """`torchrun --nproc_per_node 4 -m ENTRY... SPEC` on ranks forked from a preloaded interpreter (tests/forked.py)."""
+    return forked.torchrun(*entry, str(spec), nproc=4, env=clean_env())
 
 
 def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tmp_path):
@@ -41,7 +40,7 @@ def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tm
     assert len(losses(run_dir)) == EVERY * 3
 
     second = _torchrun(spec)
-    assert second.wait(timeout=600) == 0, second.stderr.read()[-2000:]
+    assert second.wait(timeout=600) == 0, second.stderr[-2000:]
     result = RunResult.load(run_dir / "result.json")
     assert result.resumed_from_step == 42  # the previous checkpoint loaded
     assert losses(run_dir) == losses(tmp_path / "reference")  # bitwise: same losses, same FedAvg steps
@@ -56,7 +55,7 @@ def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tm
     # The last step was checkpointed: a restart after it (pre-empted while evaluating) trains nothing again.
     (run_dir / "result.json").unlink()
     third = _torchrun(spec)
-    assert third.wait(timeout=600) == 0, third.stderr.read()[-2000:]
+    assert third.wait(timeout=600) == 0, third.stderr[-2000:]
     again = RunResult.load(run_dir / "result.json")
     assert again.resumed_from_step == STEPS and losses(run_dir) == losses(tmp_path / "reference")
     assert again.eval_ppl == pytest.approx(result.eval_ppl, rel=1e-9)
@@ -69,13 +68,12 @@ def test_resuming_with_another_layout_or_spec_is_refused(tmp_path):
     # The run finished (result.json) but its checkpoints remain: a different layout must not load them.
     other = _spec(tmp_path, "run", strategy="fl_fsdp", F=4, R=1, S=1, train={"steps": 4, "seq_len": 16})
     proc = _torchrun(other)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode != 0 and "resuming with another layout needs train.elastic=true" in err
+    assert proc.wait(timeout=600) != 0 and "resuming with another layout needs train.elastic=true" in proc.stderr
     # Same layout, another experiment: a changed `steps` would resume on the old LR schedule.
     longer = _spec(tmp_path, "run", train={"steps": 6, "seq_len": 16, "checkpoint_every": 3})
     proc = _torchrun(longer)
-    _, err = proc.communicate(timeout=600)
-    assert proc.returncode != 0 and "was written by another spec (train.steps: 4 -> 6)" in err, err[-2000:]
+    assert proc.wait(timeout=600) != 0 and "was written by another spec (train.steps: 4 -> 6)" in proc.stderr, \
+        proc.stderr[-2000:]
 
 
 def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[list, list]:

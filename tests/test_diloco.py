@@ -33,7 +33,7 @@ def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exa
     first = _torchrun(spec("killed"), entry=["tests.crash_in_checkpoint", str(crash_at), "2"])
     assert first.wait(timeout=600) != 0
     second = _torchrun(spec("killed"))
-    assert second.wait(timeout=600) == 0, second.stderr.read()[-2000:]
+    assert second.wait(timeout=600) == 0, second.stderr[-2000:]
     # The synchronized copy and momentum came back: a lost momentum or a stale copy changes every later loss.
     assert RunResult.load(tmp_path / "killed" / "result.json").resumed_from_step == resumed_from
     assert losses(tmp_path / "killed") == losses(tmp_path / "reference")
@@ -42,9 +42,9 @@ def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exa
     # The stop signal after step 16, while the fragment launched after it is in flight: the ranks go on to
     # step 17 (quiet) and checkpoint there, so the resume is exact too (landing it early would not be).
     stopped = _torchrun(spec("stopped", stop_check_every=1), entry=["tests.stop_at_step", "16"])
-    assert stopped.wait(timeout=600) != 0 and "stopped by SIGUSR2 after step 17" in stopped.stderr.read()
+    assert stopped.wait(timeout=600) != 0 and "stopped by SIGUSR2 after step 17" in stopped.stderr
     resumed = _torchrun(spec("stopped", stop_check_every=1))
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-2000:]
+    assert resumed.wait(timeout=600) == 0, resumed.stderr[-2000:]
     assert RunResult.load(tmp_path / "stopped" / "result.json").resumed_from_step == 17
     assert losses(tmp_path / "stopped") == losses(tmp_path / "reference")
 

@@ -1,9 +1,8 @@
 """Elastic resume (train.elastic): an FL run killed while checkpointing continues on fewer federation groups
 from the federation's last average, and the result says which data streams were no longer trained."""
 import json
-import subprocess
-import sys
 
+from tests import forked
 from tests.support import clean_env, losses
 from train.result import RunResult
 
@@ -20,9 +19,11 @@ def _spec(tmp_path, name, F, elastic=True, strategy="fl_fsdp", S=1, **train):
     return path
 
 
-def _torchrun(spec, ranks, entry=("train",)):
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "-m",
-                           *entry, str(spec)], env=clean_env(), capture_output=True, text=True, timeout=600)
+def _torchrun(spec, ranks, entry=("train",)) -> forked.Ranks:
+    """`torchrun --nproc_per_node RANKS -m ENTRY... SPEC` to the end, on forked ranks (tests/forked.py)."""
+    proc = forked.torchrun(*entry, str(spec), nproc=ranks, env=clean_env())
+    proc.wait(timeout=600)
+    return proc
 
 
 def _crashed(spec, ranks) -> dict:

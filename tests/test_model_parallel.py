@@ -6,11 +6,10 @@ global batches (tests/reference.py), which the tp = pp = 1 runs of each strategy
 """
 import functools
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked
 from tests.reference import Reference
 from tests.support import clean_env, losses, uninterrupted
 from train.local_ranks import run_ranks
@@ -120,13 +119,11 @@ def test_model_parallel_matches_reference(layout, axes):
         assert len(stages) == 2 and not set(min(stages)) & set(max(stages))
 
 
-def _torchrun(spec: dict, tmp_path, name: str, entry=("train",)) -> subprocess.Popen:
+def _torchrun(spec: dict, tmp_path, name: str, entry=("train",)) -> forked.Ranks:
+    """`torchrun -m ENTRY... SPEC` on one forked rank per process of the layout (tests/forked.py)."""
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps({**spec, "out_dir": str(tmp_path / name)}))
-    world = RunSpec.from_dict(spec).world_size
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "-m",
-                             *entry, str(path)], env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return forked.torchrun(*entry, str(path), nproc=RunSpec.from_dict(spec).world_size, env=clean_env())
 
 
 def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
@@ -138,9 +135,9 @@ def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
                  stop_check_every=1, eval_every=8, sequence_parallel=True)
     uninterrupted({**spec, "out_dir": str(tmp_path / "reference")})
     stopped = _torchrun(spec, tmp_path, "stopped", entry=["tests.stop_at_step", "10"])
-    assert stopped.wait(timeout=600) != 0 and "after step 10" in stopped.stderr.read()
+    assert stopped.wait(timeout=600) != 0 and "after step 10" in stopped.stderr
     resumed = _torchrun(spec, tmp_path, "stopped")
-    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-2000:]
+    assert resumed.wait(timeout=600) == 0, resumed.stderr[-2000:]
     result = RunResult.load(tmp_path / "stopped" / "result.json")
     assert result.resumed_from_step == 10 and (result.tp, result.pp, result.microbatches) == (2, 2, 2)
     assert result.run_id == "fl_fsdp-F2-R1-S1-A4-P2-T2" and result.world_size == 8
