@@ -59,13 +59,19 @@ def train(spec: dict, ranks: int, out: Path, device: str) -> tuple[dict, list[fl
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(ranks), "-m", "train", str(spec_path)], env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{spec['run_id']} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}")
+    status, stderr = torchrun(spec_path, ranks, env)
+    if status != 0:
+        raise RuntimeError(f"{spec['run_id']} failed (exit {status}): {stderr.strip()[-2000:]}")
     run_dir = Path(spec["out_dir"])
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return RunResult.load(run_dir / "result.json"), [r["loss"] for r in rows]
+
+
+def torchrun(spec_path: Path, ranks: int, env: dict) -> tuple[int, str]:
+    """`torchrun --standalone --nproc_per_node RANKS -m train SPEC`: its exit status and stderr."""
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(ranks), "-m", "train", str(spec_path)], env=env, capture_output=True, text=True)
+    return proc.returncode, proc.stderr
 
 
 def spec(run_id: str, strategy: str, layout, out: Path, args, device: str, precision: str, **train) -> dict:
