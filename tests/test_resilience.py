@@ -12,7 +12,7 @@ from pathlib import Path
 
 import submitit
 
-from tests.support import children, clean_env, losses, steps_logged, wait_for
+from tests.support import children, clean_env, losses, steps_logged, uninterrupted, uninterrupted_like, wait_for
 from train.job import TrainJob
 from train.result import RunResult
 
@@ -20,6 +20,7 @@ STEPS = 80
 
 
 def _submit_local(tmp_path: Path, name: str):
+    """The run as a submitit local job of 4 tasks; its reference is the same spec on forked ranks (uninterrupted)."""
     spec = {"strategy": "fl_hsdp", "F": 2, "R": 2, "S": 1, "A": 3, "out_dir": str(tmp_path / name),
             "train": {"steps": STEPS, "seq_len": 16, "log_every": 5, "stop_check_every": 1}}
     (tmp_path / f"{name}.json").write_text(json.dumps(spec))
@@ -32,9 +33,6 @@ def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypa
     """SLURM's pre-emption warning (submitit's USR2), delivered to every task as SLURM does."""
     for key, value in clean_env().items():
         monkeypatch.setenv(key, value)
-    reference = _submit_local(tmp_path, "reference")
-    assert reference.results()[0].resumed_from_step == 0
-
     job = _submit_local(tmp_path, "preempted")
     run_dir = tmp_path / "preempted"
     wait_for(lambda: steps_logged(run_dir) >= 20, "step 20", alive=lambda: not job.done())
@@ -44,8 +42,10 @@ def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypa
     # No periodic checkpoints were asked for: the one resumed from was written on the signal.
     assert 20 <= result.resumed_from_step < STEPS
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{result.resumed_from_step:06d}"]
+    reference = uninterrupted({**json.loads((tmp_path / "preempted.json").read_text()),
+                               "out_dir": str(tmp_path / "reference")})
     assert losses(run_dir) == losses(tmp_path / "reference")
-    assert result.aggregations == reference.results()[0].aggregations
+    assert result.aggregations == reference.aggregations
 
 
 SWEEP = ["sweep=smoke", "model=tiny", "sweep.strategies=[fl_fsdp]", f"sweep.train.steps={STEPS}",
@@ -85,16 +85,14 @@ def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
 
 
 def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_path):
-    out = _finish(_launcher(tmp_path / "reference"))
-    assert "submitted" in out
-    reference = tmp_path / "reference" / "local" / "smoke" / RUN_ID
-
     # The launcher alone dies: its job runs on; the rerun watches that job instead of submitting another.
     _kill_launcher_mid_run(tmp_path / "orphan", whole_session=False)
     job_id = _manifest(tmp_path / "orphan")["job_id"]
     out = _finish(_launcher(tmp_path / "orphan"))
     assert f"reattached {RUN_ID} to job {job_id} (attempt 1)" in out and f"submitted {RUN_ID}" not in out
     run_dir = tmp_path / "orphan" / "local" / "smoke" / RUN_ID
+    reference = tmp_path / "reference"  # the same spec, uninterrupted on forked ranks
+    uninterrupted_like(run_dir, reference)
     assert RunResult.load(run_dir / "result.json").resumed_from_step == 0
     assert _manifest(tmp_path / "orphan")["state"] == "COMPLETED"
     assert losses(run_dir) == losses(reference)
