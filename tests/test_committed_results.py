@@ -1,14 +1,14 @@
 """Committed results are the launcher's own sweep directories, with every run's result.json and metrics.jsonl:
-`action=report` on a copy rebuilds each committed table byte for byte with the current code."""
+`action=report` on a copy rebuilds each committed table byte for byte with the current code (the launcher forked
+from a preloaded interpreter, tests/forked.py)."""
 import csv
 import json
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked
 from tests.study_data import RESULTS, table3
 from tests.support import ROOT, clean_env
 
@@ -56,9 +56,8 @@ def test_report_rebuilds_the_committed_tables(where, tmp_path):
     shutil.copytree(committed, tmp_path / where)
     for name in REBUILT:
         (tmp_path / where / name).unlink(missing_ok=True)
-    proc = subprocess.run([sys.executable, "-m", "launcher", "action=report", f"results_dir={tmp_path}",
-                           *COMMITTED[where]], capture_output=True, text=True, cwd=ROOT,
-                          env=clean_env(slurm_client=False), timeout=300)
+    proc = forked.run("launcher", "action=report", f"results_dir={tmp_path}", *COMMITTED[where], cwd=ROOT,
+                      env=clean_env(slurm_client=False), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for name in REBUILT:
         if (committed / name).exists():
@@ -149,8 +148,8 @@ def test_action_plan_rebuilds_the_committed_rankings(cluster, tmp_path):
     [command] = [line.split("python -m launcher ")[1] for line in readme.splitlines()
                  if "python -m launcher " in line and f"cluster={cluster} " in line]
     args = [a for a in command.split() if not a.startswith("results_dir=")]
-    proc = subprocess.run([sys.executable, "-m", "launcher", *args, f"results_dir={tmp_path}"], capture_output=True,
-                          text=True, cwd=ROOT, env=clean_env(slurm_client=False), timeout=300)
+    proc = forked.run("launcher", *args, f"results_dir={tmp_path}", cwd=ROOT, env=clean_env(slurm_client=False),
+                      timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rebuilt = (tmp_path / cluster / "paper_table3" / "ranking.md").read_text()
     assert rebuilt == (RESULTS / "plans" / cluster / "paper_table3" / "ranking.md").read_text()
