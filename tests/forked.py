@@ -69,12 +69,9 @@ def _start(module: str, argv: list[str], cwd, env: dict, out: Path, err: Path) -
     return proc
 
 
-def _status(proc: multiprocessing.Process) -> int:
-    return proc.exitcode if proc.exitcode >= 0 else 128 - proc.exitcode
-
-
 def run(module: str, *argv, cwd, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    """`python -m module argv...` to the end, as subprocess.run(..., capture_output=True, text=True) returns it."""
+    """`python -m module argv...` to the end, as subprocess.run(..., capture_output=True, text=True) returns it
+    (a negative status: the signal that ended it)."""
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "out"), Path(tmp, "err")
         proc = _start(module, list(argv), cwd, env, out, err)
@@ -83,7 +80,7 @@ def run(module: str, *argv, cwd, env: dict, timeout: float = 600) -> subprocess.
             proc.kill()
             proc.join()
             raise subprocess.TimeoutExpired([module, *argv], timeout)
-        return subprocess.CompletedProcess([module, *argv], _status(proc), out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([module, *argv], proc.exitcode, out.read_text(), err.read_text())
 
 
 def _free_port() -> int:
