@@ -1,5 +1,5 @@
 """`python -m MODULE ARGS` in processes forked from the forkserver that train.local_ranks already keeps, which has
-imported torch, transformers' Llama and the launcher once: a fresh interpreter spends ~7 s of CPU importing them
+imported torch, transformers' Llama and the launcher once: a fresh interpreter spends 5-7 s importing the trainer
 per rank on this 2-core machine, more than most tests' training, and ~0.5 s per launcher command.
 
 A child is the real entrypoint run as `__main__` (runpy, as `python -m` does) with the given argv, environment
@@ -14,7 +14,6 @@ import multiprocessing
 import os
 import runpy
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import traceback
 from pathlib import Path
 
 import train.local_ranks
+from train.launch_env import free_port
 
 # The forkserver starts once per pytest process, with whichever preload list is set then: both users set this one.
 PRELOAD = [*train.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.plan", "launcher.run",
@@ -83,19 +83,13 @@ def run(module: str, *argv, cwd, env: dict, timeout: float = 600) -> subprocess.
         return subprocess.CompletedProcess([module, *argv], proc.exitcode, out.read_text(), err.read_text())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Ranks:
     """`torchrun --nproc_per_node N -m module argv...` on forked ranks: the status is 0 when every rank ends with 0;
     once one fails, the others get SIGTERM and, 3 s later, SIGKILL (torchrun waits 30 s)."""
 
     def __init__(self, module: str, argv: list, nproc: int, env: dict, cwd=None):
         self._tmp = tempfile.TemporaryDirectory()
-        port = _free_port()
+        port = free_port()
         self._files = [(Path(self._tmp.name, f"{r}.out"), Path(self._tmp.name, f"{r}.err")) for r in range(nproc)]
         self._procs = [_start(module, list(argv), cwd or os.getcwd(),
                               {**env, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(nproc),

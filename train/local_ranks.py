@@ -9,7 +9,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import socket
 import tempfile
 from pathlib import Path
 
@@ -18,14 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from train.job import leave_without_finalization
+from train.launch_env import free_port
 
 PRELOAD = ["train.loop"]  # imports torch, torch.distributed's FSDP2/DTensor/checkpoint and transformers' Llama
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> None:
@@ -45,6 +39,6 @@ def run_ranks(fn, world: int, *args) -> list:
     """fn(rank, world, *args) on `world` processes forked from the forkserver; returns their values in rank order."""
     with tempfile.TemporaryDirectory() as out_dir:
         multiprocessing.set_forkserver_preload(PRELOAD)
-        mp.start_processes(_entry, args=(fn, world, _free_port(), out_dir, args), nprocs=world, join=True,
+        mp.start_processes(_entry, args=(fn, world, free_port(), out_dir, args), nprocs=world, join=True,
                            start_method="forkserver")
         return [pickle.loads(Path(out_dir, f"{r}.pkl").read_bytes()) for r in range(world)]
