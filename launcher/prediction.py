@@ -40,10 +40,15 @@ def read_probe(path: Path) -> dict:
     return probe
 
 
+def stage_layers(measured: dict, layers: int) -> int:
+    """Layers in the largest pipeline stage of a probe's in-place layout measurement: ceil(layers / pp)."""
+    return -(-layers // measured["pp"])
+
+
 def stage_seconds(measured: dict, layers: int) -> dict:
-    """Phase seconds of a stage of ceil(layers / pp) layers from a probe's in-place layout measurement
+    """Phase seconds of a stage of stage_layers layers from a probe's in-place layout measurement
     (train.calibrate_layout): the 1-layer stage step plus each further layer."""
-    n = -(-layers // measured["pp"])
+    n = stage_layers(measured, layers)
     return {k: measured["one"][k] + (n - 1) * measured["layer"][k] for k in measured["one"]}
 
 

@@ -19,7 +19,7 @@ from launcher.placement import topology
 from launcher.placement.alphabeta import COLLECTIVES, bus_factor, fit
 from launcher.placement.levels import level_groups, traffic
 from launcher.plan import place_runs
-from launcher.prediction import stage_seconds
+from launcher.prediction import stage_layers, stage_seconds
 from launcher.run import failure_reason
 from launcher.settings import Settings
 from launcher.slurm.submit import check_environment, make_executor, submit_job, task_lines, wait_for
@@ -112,7 +112,7 @@ def table(probe: dict) -> str:
                      + (f"; repeatability: forward+backward within ±{w['spread']['forward_backward']:.1%} over "
                         f"{len(w['repeats'])} repeats (medians shown)" if "spread" in w else ""))
     for w in probe.get("layouts", []):
-        n = -(-w["model"]["num_hidden_layers"] // w["pp"])
+        n = stage_layers(w, w["model"]["num_hidden_layers"])
         per = stage_seconds(w, w["model"]["num_hidden_layers"])
         fb = per["forward_s"] + per["backward_s"]
         lines.append(f"compute of layout pp={w['pp']} tp={w['tp']} ({w['microbatches']} microbatches, "
