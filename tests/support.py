@@ -73,9 +73,9 @@ def uninterrupted(spec: dict):
     return run_ranks(_uninterrupted_rank, RunSpec.from_dict(spec).world_size, spec)[0]
 
 
-def uninterrupted_like(run_dir: Path, out_dir: Path):
-    """The spec the launcher wrote for run_dir (its spec.json), trained uninterrupted into out_dir."""
-    return uninterrupted({**json.loads((run_dir / "spec.json").read_text()), "out_dir": str(out_dir)})
+def uninterrupted_like(spec_path: Path, out_dir: Path):
+    """The run spec at spec_path (a launcher's <run dir>/spec.json, or a test's), trained uninterrupted into out_dir."""
+    return uninterrupted({**json.loads(spec_path.read_text()), "out_dir": str(out_dir)})
 
 
 def _uninterrupted_rank(rank: int, world: int, raw: dict):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import submitit
 
-from tests.support import children, clean_env, losses, steps_logged, uninterrupted, uninterrupted_like, wait_for
+from tests.support import children, clean_env, losses, steps_logged, uninterrupted_like, wait_for
 from train.job import TrainJob
 from train.result import RunResult
 
@@ -42,8 +42,7 @@ def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypa
     # No periodic checkpoints were asked for: the one resumed from was written on the signal.
     assert 20 <= result.resumed_from_step < STEPS
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == [f"step-{result.resumed_from_step:06d}"]
-    reference = uninterrupted({**json.loads((tmp_path / "preempted.json").read_text()),
-                               "out_dir": str(tmp_path / "reference")})
+    reference = uninterrupted_like(tmp_path / "preempted.json", tmp_path / "reference")
     assert losses(run_dir) == losses(tmp_path / "reference")
     assert result.aggregations == reference.aggregations
 
@@ -92,7 +91,7 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_pat
     assert f"reattached {RUN_ID} to job {job_id} (attempt 1)" in out and f"submitted {RUN_ID}" not in out
     run_dir = tmp_path / "orphan" / "local" / "smoke" / RUN_ID
     reference = tmp_path / "reference"  # the same spec, uninterrupted on forked ranks
-    uninterrupted_like(run_dir, reference)
+    uninterrupted_like(run_dir / "spec.json", reference)
     assert RunResult.load(run_dir / "result.json").resumed_from_step == 0
     assert _manifest(tmp_path / "orphan")["state"] == "COMPLETED"
     assert losses(run_dir) == losses(reference)

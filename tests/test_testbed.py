@@ -209,7 +209,7 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     out, entry = _sweep_with_fault(tmp_path / "cancelled", lambda job: lab("scancel", job).check_returncode())
     assert "retrying 1 failed run(s)" in out and entry["state"] == "COMPLETED" and entry["attempts"] == 2
     run_dir = tmp_path / "cancelled" / "testbed" / "smoke" / RESUME_RUN
-    uninterrupted_like(run_dir, tmp_path / "reference")
+    uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")
     reference = losses(tmp_path / "reference")
     assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
     # The retry was submitted only after the cancelled job's last task had stopped writing.
