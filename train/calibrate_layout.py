@@ -41,7 +41,8 @@ class _Stage:
                                         sequence_parallel=layout["sequence_parallel"])
         parallelize.materialize(model, device, seed=0, shard_index=0, tp_index=mesh["tp"].get_local_rank())
         self.model, self.device = model, device
-        self.pipeline = (pipeline.Pipeline(model, mesh, layout["microbatches"], layout["pp_schedule"], device)
+        self.pipeline = (pipeline.Pipeline(model, mesh, layout["microbatches"], layout["pp_schedule"], device,
+                                           layout["batch_per_rank"], layout["seq_len"], layout["precision"])
                          if P > 1 else None)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         generator = torch.Generator().manual_seed(0)  # the same ids on every rank: a tensor group shares them

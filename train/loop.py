@@ -32,23 +32,25 @@ class Trainer:
     """One rank's view of a run. `restore()` then `step(i)` is what tests drive; `run()` is the whole thing."""
 
     def __init__(self, spec: RunSpec, rank: int, device: str, config=None, source=None, out_dir: Path | None = None,
-                 watchdog_tag: str | None = None):
+                 watchdog_tag: str | None = None, mesh=None):
         """Build this rank's part of the run; nothing is loaded or checked across ranks until `restore()`.
-        Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed."""
+        Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed; `mesh`:
+        one built already (train.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
         self.source = source or data.for_run(spec, self.config.vocab_size)
         self.world, self.dims = spec.world_size, spec.dims
         self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
-        self.mesh = meshes.build(device, self.dims)
+        self.mesh = mesh if mesh is not None else meshes.build(device, self.dims)
         self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
         whole = models.build(self.config, "meta")  # the whole model, every stage
         self.params = models.count_params(whole)
         self.model = self._build_model()
         self.pipeline = None  # train.pp > 1: this rank's stage under its schedule
         if self.dims.P > 1:
-            self.pipeline = pipeline.Pipeline(self.model, self.mesh, self.cfg.n_microbatches, self.cfg.pp_schedule,
-                                              device)
+            c = self.cfg
+            self.pipeline = pipeline.Pipeline(self.model, self.mesh, c.n_microbatches, c.pp_schedule, device,
+                                              c.batch_per_rank, c.seq_len, c.precision)
         self.optimizer = optim.adamw(self.model.parameters(), self.cfg)
         self.schedule = optim.schedule(self.optimizer, self.cfg)
         self.state = checkpoint.TrainState(self.schedule)

@@ -48,8 +48,9 @@ class Stage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.model.embed_tokens(x) if self.first else x
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
-        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None,
-                                  position_ids=positions)
+        # no position ids: given them without a cache, transformers looks for packed sequences, reading the device
+        # every microbatch (train.dryrun found it); these positions are one sequence per row
+        mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None)
         rotary = self.model.rotary_emb(h, position_ids=positions)
         for layer in self.model.layers.values():
             h = layer(h, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
@@ -62,14 +63,31 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)
 
 
+def boundary_shapes(stage: Stage, microbatch: tuple[int, int], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a stage receives and sends for one microbatch, as meta tensors: token ids or hidden states in, hidden
+    states or logits out (whole: tensor parallelism gathers both at the boundary, train.tensor). Given up front, the
+    schedule needs no shape exchange at its first step (pickled objects sent between stages, and host reads)."""
+    n, tokens = microbatch
+    hidden = (n, tokens, stage.config.hidden_size)
+    ids = torch.empty(n, tokens, dtype=torch.int64, device="meta")
+    inputs = ids if stage.first else torch.empty(hidden, dtype=dtype, device="meta", requires_grad=True)
+    out = (n, tokens, stage.config.vocab_size) if stage.last else hidden  # gradients flow back through both
+    return inputs, torch.empty(out, dtype=dtype, device="meta", requires_grad=True)
+
+
 class Pipeline:
     """One rank's stage under a GPipe or 1F1B schedule over the pipeline group of `mesh`."""
 
-    def __init__(self, stage: Stage, mesh: DeviceMesh, microbatches: int, schedule: str, device: str):
+    def __init__(self, stage: Stage, mesh: DeviceMesh, microbatches: int, schedule: str, device: str, batch: int,
+                 seq_len: int, precision: str):
+        """`batch`: the sequences of one step, split into `microbatches`."""
         self.stage_module, self.device = stage, device
         self.group = mesh.get_group("pp")
         self.index, self.stages = mesh["pp"].get_local_rank(), mesh["pp"].size()
-        self.stage = PipelineStage(stage, self.index, self.stages, torch.device(device), group=self.group)
+        dtype = torch.float32 if precision == "fp32" else torch.bfloat16  # a layer's output (train.parallelize)
+        inputs, outputs = boundary_shapes(stage, (batch // microbatches, seq_len), dtype)
+        self.stage = PipelineStage(stage, self.index, self.stages, torch.device(device), input_args=inputs,
+                                   output_args=outputs, group=self.group)
         vocab = stage.config.vocab_size
         self.schedule = SCHEDULES[schedule](self.stage, microbatches,
                                             loss_fn=lambda logits, ids: ForCausalLMLoss(logits, ids, vocab))
