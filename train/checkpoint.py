@@ -143,6 +143,11 @@ class Checkpointer:
         before = meta.get("world", old["F"] * old["R"] * old["S"])
         return {"from": old, "to": self.layout, "at_step": meta["step"], "streams_dropped": max(0, before - self.world)}
 
+    def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, fedavg=None) -> dict:
+        """What `save` hands DCP after `step` steps (train.dryrun measures what building it holds)."""
+        outer = fedavg.outer_state() if fedavg is not None else {}
+        return self._state(model, optimizer, self.per_group(step), outer)
+
     def _state(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, parts_per_group: list[str],
                outer: dict) -> dict:
         """This rank's shards, each part under a shared key or its federation group's key.
@@ -173,8 +178,7 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         dist.barrier()
         parts_per_group = self.per_group(state.step)
-        outer = fedavg.outer_state() if fedavg is not None else {}
-        dcp.save(self._state(model, optimizer, parts_per_group, outer), checkpoint_id=str(tmp))
+        dcp.save(self.state_dict(model, optimizer, state.step, fedavg), checkpoint_id=str(tmp))
         train_state = state.state_dict()
         torch.save({"rng": train_state["rng"]}, tmp / f"rank{self.rank}.pt")
         dist.barrier()

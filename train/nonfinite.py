@@ -26,7 +26,8 @@ class Guard:
     def __init__(self, model: torch.nn.Module, mode: str, rank: int, dims: Dims, device: str):
         self.names, self.params = zip(*model.named_parameters())
         self.mode, self.rank, self.dims, self.device = mode, rank, dims, device
-        self.first = torch.full((2,), -1, dtype=torch.int64, device=device)  # (step, 0: loss | i + 1: param i)
+        # (steps done at the first non-finite value, 0: none yet; 0: the loss | i + 1: parameter i's gradient)
+        self.first = torch.zeros(2, dtype=torch.int64, device=device)
         self.pending = False  # stop: steps noted since the ranks last compared (every rank steps alike, so all
                               # agree whether to compare: a FedAvg, checkpoint and evaluation at one step cost one)
 
@@ -44,8 +45,8 @@ class Guard:
             bad = flags.any().to(torch.int64)
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
             return bool(bad.item())
-        new = flags.any() & (self.first[0] < 0)  # only the first one counts: the rest follow from it
-        where = torch.stack([torch.tensor(step, device=self.device), flags.to(torch.int64).argmax()])
+        new = flags.any() & (self.first[0] == 0)  # only the first one counts: the rest follow from it
+        where = torch.stack([torch.tensor(step + 1, device=self.device), flags.to(torch.int64).argmax()])
         self.first = torch.where(new, where, self.first)
         self.pending = True
         return False
@@ -59,12 +60,12 @@ class Guard:
         notes = [torch.empty_like(self.first) for _ in range(dist.get_world_size())]
         dist.all_gather(notes, self.first)
         hits = [(int(step), rank, int(which)) for rank, (step, which) in enumerate(n.tolist() for n in notes)
-                if step >= 0]
+                if step > 0]
         if not hits:
             return
         step, rank, which = min(hits)
         tensor = "the loss" if which == 0 else f"the gradient of {self.names[which - 1]}"
         group = self.dims.coords(rank)[0]
-        raise NonFiniteError(f"{tensor} was not finite at step {step + 1} on rank {rank} (federation group {group}); "
+        raise NonFiniteError(f"{tensor} was not finite at step {step} on rank {rank} (federation group {group}); "
                              f"the run stopped before {before}, so nothing non-finite was averaged or saved "
                              f"(train.on_nonfinite=skip_step drops such steps instead)")

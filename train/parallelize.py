@@ -45,7 +45,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, p
 def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str) -> torch.nn.Module:
     """fully_shard each decoder layer, then the root (embedding, final norm, lm_head)."""
     if precision == "paper":
-        model.to(torch.bfloat16)
+        cast(model, torch.bfloat16)
     policy = mixed_precision(precision)
     for layer in pipeline.decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
@@ -54,6 +54,23 @@ def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str) -> torch.
         # gloo has no PREMUL_SUM: reduce with SUM and divide afterwards.
         model.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Module.to(dtype) for floating parameters and buffers, by assignment: Module.to swaps fake tensors in place,
+    which fake tensor mode's own weak references forbid, so the dry-run (train.dryrun) could not build the model.
+    A parameter shared by two modules (tied embeddings) stays shared."""
+    done: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            for kind in (module._parameters, module._buffers):
+                for name, t in kind.items():
+                    if t is None or not t.is_floating_point():
+                        continue
+                    if id(t) not in done:
+                        new = t.to(dtype)
+                        done[id(t)] = torch.nn.Parameter(new, t.requires_grad) if kind is module._parameters else new
+                    kind[name] = done[id(t)]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
