@@ -1,5 +1,5 @@
-"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|report|probe|validate|prepare] [results_dir=DIR]
-[overrides]` (also installed as `fedshard`).
+"""`python -m launcher sweep=NAME [cluster=NAME] [action=run|plan|dryrun|report|probe|validate|prepare]
+[results_dir=DIR] [overrides]` (also installed as `fedshard`).
 
 Overrides are composed by Hydra here, so that every error is one line; Hydra's own flags (--help,
 --hydra-help, --cfg job|hydra|all, --package, --resolve, --info, --shell-completion) are handed to a
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
             settings, runs = multirun.expand_points(fixed, axes) if axes else (compose(fixed), None)
         else:
             settings = compose(argv)
-        if settings.action == "plan":
+        if settings.action in ("plan", "dryrun"):
             from launcher.plan import plan
 
             plan(settings, runs)

@@ -58,6 +58,8 @@ class PlanEntry:
     compute_source: str
     checkpoint_bytes: int
     memory_per_device: dict               # bytes at the peak, by kind (launcher.placement.memory)
+    memory: dict                          # model_bytes, dryrun_peak_bytes, dryrun_after_training_bytes (null
+                                          # without a dry-run: launcher.dryrun), reserve_bytes, device_bytes
     resources: dict
     sbatch: str | None  # SLURM clusters only
 
@@ -242,6 +244,9 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
         checkpoint_bytes=checkpoint_bytes(model.params, spec.F, spec.train.precision,
                                           spec.train.average_optimizer_state),
         memory_per_device=memory_of(run).to_dict(),
+        memory={"model_bytes": int(memory_of(run).total), "dryrun_peak_bytes": None,
+                "dryrun_after_training_bytes": None, "reserve_bytes": int((cluster.memory_reserve_GB or 0) * GB),
+                "device_bytes": int(cluster.gpu_memory_GB * GB) if cluster.gpu_memory_GB else None},
         resources=redacted(resources(cluster, planned)),
         sbatch="\n".join(map(redact, sbatch_text(cluster, planned, folder).split("\n")))
         if cluster.executor == "slurm" else None,
@@ -302,6 +307,13 @@ def close_to_best(ranking: list[dict]) -> int:
     return sum(row["predicted_step_s"] <= best * (1 + TOLERANCE) for row in ranking)
 
 
+def _dryrun_bytes(memory: dict) -> str:
+    """The dry-run's peak (training or after it), or '-' when none ran."""
+    if memory["dryrun_peak_bytes"] is None:
+        return "-"
+    return human_bytes(max(memory["dryrun_peak_bytes"], memory["dryrun_after_training_bytes"]))
+
+
 def _gbps(b) -> str:
     return "-" if b is None else f"{b / GB:g}"
 
@@ -320,6 +332,12 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     predictor = Predictor(settings, topo)
     fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
     entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor) for p in planned]
+    if settings.action == "dryrun" or settings.plan["dryrun"]:
+        from launcher import dryrun
+
+        print(f"dry-run of {len(entries)} run(s) on fake tensors at their real world size (launcher.dryrun):")
+        measured = dryrun.dryrun(settings, runs, {e.run_id: e.memory["model_bytes"] for e in entries})
+        entries = [replace(e, memory=measured[e.run_id]) for e in entries]
     widest = max(runs, key=lambda r: r.nodes)
     G, capacity = settings.cluster.gpus_per_node, settings.cluster.gpu_memory_GB
     ranking = planner.rank_layouts(widest.nodes, G, comm_model(widest), topo, usable,
@@ -351,7 +369,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     width = max(28, *(len(e.run_id) for e in entries))
     print(f"  {'run':<{width}} {'ranks':>5} {'nodes':>5}  B_S/B_R/B_F GB/s     order  {'paper comm':>10} "
           f"{'less comm than FSDP':>19}  {'compute':>8} {'comm':>8} {'step (s)':>9} {'tokens/s':>9} "
-          f"{'faster than FSDP':>16}  checkpoint  memory/device")
+          f"{'faster than FSDP':>16}  checkpoint  memory/device  dry-run")
     for e in entries:
         bw = "/".join(_gbps(e.bandwidth[k]) for k in ("B_S", "B_R", "B_F"))
         ratio = oriented(1 / e.predicted_ratio_to_fsdp, "more") if e.predicted_ratio_to_fsdp else "-"
@@ -361,7 +379,8 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         print(f"  {e.run_id:<{width}} {e.world_size:>5} {len(e.nodes):>5}  {bw:<20} "
               f"{'ok' if e.hierarchy_ok else 'BROKEN':<6} {e.predicted_comm_s:>9.3g}s  {ratio:>19}  "
               f"{compute:>8} {comm:>8} {e.predicted_step_s:>9.3g} {e.predicted_tokens_per_s:>9,.0f} {speedup:>16}  "
-              f"{human_bytes(e.checkpoint_bytes):>9}  {human_bytes(e.memory_per_device['total']):>12}"
+              f"{human_bytes(e.checkpoint_bytes):>9}  {human_bytes(e.memory_per_device['total']):>12}  "
+              f"{_dryrun_bytes(e.memory):>7}"
               + (f"  {e.note}" if e.note else ""))
     print(f"  paper comm and less comm: the paper's formulas at nominal bandwidth; compute, comm, step, tokens/s and "
           f"faster: the step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} compute/communication "

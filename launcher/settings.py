@@ -21,7 +21,7 @@ from train.sections import check_types, matches, reject_unknown
 # the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
 CONF_DIR = next((d for d in (Path(__file__).resolve().parent / "conf", Path(__file__).resolve().parent.parent / "conf")
                  if (d / "config.yaml").exists()), Path(__file__).resolve().parent.parent / "conf")
-ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare")
+ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare", "dryrun")
 # in_job: ranks ordered by topology at job start; pinned: nodes and rank order chosen at submission;
 # slurm: SLURM's own node and rank order kept (the paper's runs; the placement ablation's baseline)
 PLACEMENTS = ("in_job", "pinned", "slurm")
@@ -39,6 +39,8 @@ class Cluster:
     max_ranks: int | None = None
     peak_flops: float | None = None
     gpu_memory_GB: float | None = None  # each device's memory: a layout that cannot fit is refused (null: no check)
+    memory_reserve_GB: float | None = None  # kept free on each device (CUDA context, NCCL buffers, fragmentation):
+                                            # the dry-run's peak must fit gpu_memory_GB less this (null: 0)
     probe: str | None = None      # a probe.json for the step-time model (launcher.prediction)
     partition: str | int | None = None
     account: str | int | None = None
@@ -95,6 +97,11 @@ class Cluster:
                                                    and not isinstance(self.gpu_memory_GB, bool)
                                                    and self.gpu_memory_GB > 0):
             raise ConfigError(f"cluster.gpu_memory_GB must be a number > 0 or null, got {self.gpu_memory_GB!r}")
+        reserve = self.memory_reserve_GB
+        if reserve is not None and (isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or reserve < 0
+                                    or (self.gpu_memory_GB and reserve >= self.gpu_memory_GB)):
+            raise ConfigError(f"cluster.memory_reserve_GB must be a number >= 0 below cluster.gpu_memory_GB, or null, "
+                              f"got {reserve!r}")
         if self.topology not in ("auto", "live", "ideal"):
             raise ConfigError(f"cluster.topology must be auto, live or ideal, got {self.topology!r}")
         if self.placement not in PLACEMENTS:
@@ -168,6 +175,7 @@ class Settings:
     wandb: dict
     probe: dict
     prepare: Prepare
+    plan: dict  # dryrun: action=plan plays every run on fake tensors too (launcher.dryrun)
 
     @property
     def sweep_dir(self) -> Path:
@@ -259,7 +267,7 @@ def compose(overrides: list[str]) -> Settings:
     for key in ("poll_s", "progress_s"):
         if not matches(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
-    for key in ("model", "train", "data", "wandb", "probe", "prepare"):
+    for key in ("model", "train", "data", "wandb", "probe", "prepare", "plan"):
         if not isinstance(raw[key], dict):
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
@@ -279,7 +287,14 @@ def compose(overrides: list[str]) -> Settings:
         progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
         data=raw["data"], wandb=_wandb_settings(raw["wandb"]), probe=_probe_settings(raw["probe"]),
-        prepare=_prepare_settings(raw["prepare"]))
+        prepare=_prepare_settings(raw["prepare"]), plan=_plan_settings(raw["plan"]))
+
+
+def _plan_settings(raw: dict) -> dict:
+    reject_unknown("plan", raw, ("dryrun",), ConfigError)
+    if not isinstance(raw.get("dryrun"), bool):
+        raise ConfigError(f"plan.dryrun must be true or false, got {raw.get('dryrun')!r}")
+    return raw
 
 
 def _wandb_settings(raw: dict) -> dict:

@@ -1,0 +1,102 @@
+"""The dry-run (train.dryrun, launcher.dryrun): a run's own code on fake tensors at its real world size measures
+the memory and issues the collectives that the same code holds and issues on real tensors and gloo ranks."""
+import json
+
+import pytest
+
+from launcher.__main__ import main
+from train.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
+from train.local_ranks import run_ranks
+from train.spec import RunSpec
+
+TINY = {"preset": "tiny"}
+CASES = {  # (spec, rank played): the four strategies, tp 2, pp 2 (both ends), DiLoCo, int8, 16-bit parameters
+    "fsdp": ({"strategy": "fsdp", "F": 1, "R": 1, "S": 4}, 0),
+    "hsdp": ({"strategy": "hsdp", "F": 1, "R": 2, "S": 2}, 0),
+    "fl_fsdp": ({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 2, "A": 4}, 0),
+    "fl_hsdp": ({"strategy": "fl_hsdp", "F": 2, "R": 2, "S": 2, "A": 4}, 0),
+    "tp2": ({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 4, "train": {"tp": 2}}, 0),
+    "pp2_first": ({"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "train": {"pp": 2}}, 0),
+    "pp2_last": ({"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "train": {"pp": 2}}, 3),
+    "diloco_int8": ({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 2, "A": 4,
+                     "train": {"outer": "diloco", "aggregation_dtype": "int8"}}, 0),
+    "paper_bf16": ({"strategy": "fl_hsdp", "F": 2, "R": 2, "S": 1, "A": 4, "train": {"precision": "paper"}}, 0),
+}
+
+
+def _spec(raw: dict, tmp_path) -> dict:
+    return {**raw, "model": TINY, "out_dir": str(tmp_path)}
+
+
+def _real_rank(rank: int, world: int, raw: dict) -> dict:
+    from train.loop import Trainer
+
+    spec = RunSpec.from_dict(raw)
+    trainer = Trainer(spec, rank, "cpu")
+    watch = Watch(group_names(trainer.mesh), fake=False)
+    return report(spec, rank, exercise(trainer, watch), watch, 0.0)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_dry_run_measures_what_the_real_run_holds_and_issues(case, tmp_path):
+    raw, rank = CASES[case]
+    raw = _spec(raw, tmp_path)
+    real = run_ranks(_real_rank, RunSpec.from_dict(raw).world_size, raw)[rank]
+    fake = dryrun(RunSpec.from_dict(raw), rank)
+    assert fake["peak_bytes"].keys() == real["peak_bytes"].keys()
+    for phase, measured in real["peak_bytes"].items():
+        assert fake["peak_bytes"][phase] == pytest.approx(measured, rel=0.05), phase
+    assert fake["collectives"] == real["collectives"]
+    assert "_scaled_dot_product_flash_attention_for_cpu" in fake["attention"]  # no score matrix kept
+
+
+def test_the_collectives_are_named_by_the_mesh_dimensions_they_span(tmp_path):
+    """FL+HSDP: gradients reduce-scatter over the shard group and all-reduce over replicas every step; only the
+    aggregation crosses federation groups; the phase clock's barriers span the world."""
+    got = dryrun(RunSpec.from_dict(_spec(CASES["fl_hsdp"][0], tmp_path)))["collectives"]
+    step = {(c["op"], c["group"]) for c in got["step"]}
+    assert {("_allgather_base_", "shard"), ("_reduce_scatter_base_", "shard"), ("allreduce_", "replicate")} <= step
+    assert not any("fed" in group for _, group in step if group != "fed+replicate+shard")
+    assert ("allreduce_", "fed") in {(c["op"], c["group"]) for c in got["aggregation"]}
+
+
+def test_a_host_sync_in_a_step_ends_the_dry_run_naming_the_call(tmp_path):
+    raw = _spec({"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "train": {"on_nonfinite": "skip_step"}}, tmp_path)
+    with pytest.raises(DryRunError, match=r"host sync in a training step: nonfinite.py:\d+ \(return bool\(bad.item"):
+        dryrun(RunSpec.from_dict(raw))
+
+
+def test_a_step_that_aggregates_may_read_the_device(tmp_path):
+    """A = 1: every step averages, after reading the non-finite guard's notes (allowed: it aggregates)."""
+    raw = _spec({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 1, "A": 1}, tmp_path)
+    assert dryrun(RunSpec.from_dict(raw))["host_syncs"]["step"] > 0
+
+
+def _launch(tmp_path, repeats: int, *extra) -> int:
+    return main(["sweep=smoke", "action=dryrun", f"results_dir={tmp_path}", f"sweep.repeats={repeats}", *extra])
+
+
+def test_action_dryrun_writes_measured_memory_and_collectives_sharing_runs_of_the_same_work(tmp_path, capsys):
+    assert _launch(tmp_path, 2) == 0
+    out = capsys.readouterr().out
+    sweep = tmp_path / "local" / "smoke"
+    plan = json.loads((sweep / "plan.json").read_text())
+    played = json.loads((sweep / "dryrun.json").read_text())
+    assert len(plan["runs"]) == 4 and out.count("  dry-run ") == 2  # the repeats share their first one's
+    for run in plan["runs"]:
+        memory = run["memory"]
+        assert memory["dryrun_peak_bytes"] > 0 and memory["dryrun_after_training_bytes"] > 0
+        assert memory["model_bytes"] == int(run["memory_per_device"]["total"])
+        source = played[run["run_id"]]["played_as"]
+        assert source == run["run_id"].replace("-rep2", "-rep1")
+        peaks = played[source]["ranks"][0]["peak_bytes"]
+        assert memory["dryrun_peak_bytes"] == max(peaks[p] for p in ("first_step", "step", "aggregation") if p in peaks)
+    assert "dry-run" in out.splitlines()[[i for i, line in enumerate(out.splitlines()) if "memory/device" in line][0]]
+
+
+def test_a_run_whose_dry_run_does_not_fit_the_device_less_the_reserve_is_refused(tmp_path, capsys):
+    code = _launch(tmp_path, 1, "cluster.gpu_memory_GB=0.004", "cluster.memory_reserve_GB=0.002")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "its dry-run peaks at" in err[0] and "0.004 GB less 0.002 GB kept free" in err[0]
+    assert "cluster.memory_reserve_GB" in err[0] and "train.tp" in err[0]
