@@ -52,7 +52,7 @@ def play(run: Run, rank: int, folder: Path) -> dict:
         lines = [line for line in done.stderr.splitlines() if line.startswith("fedshard: error:")]
         why = lines[-1].removeprefix("fedshard: error: ") if lines else (done.stderr.strip().splitlines() or
                                                                           ["no output"])[-1]
-        raise ConfigError(f"dry-run of rank {rank}: {why}")
+        raise ConfigError(f"dry-run of rank {rank}: {why.removeprefix(run.run_id + ': ')}")
     return json.loads(out.read_text())
 
 
@@ -93,12 +93,11 @@ def dryrun(settings, runs: list[Run], model_bytes: dict[str, float]) -> dict[str
             memory = {"model_bytes": int(model_bytes[run.run_id]), "dryrun_peak_bytes": peak,
                       "dryrun_after_training_bytes": after, "reserve_bytes": int(reserve),
                       "device_bytes": int(device) if device else None}
+            check_fits(run.run_id, memory)  # before anything is written
             out[run.run_id] = memory
             by_run[run.run_id] = {"played_as": source, "ranks": reports} if source == run.run_id else \
                 {"played_as": source}
     write_atomic(settings.sweep_dir / "dryrun.json", json.dumps(by_run, indent=1) + "\n")
-    for run in runs:
-        check_fits(run.run_id, out[run.run_id])
     return out
 
 

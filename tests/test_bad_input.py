@@ -273,6 +273,16 @@ CASES = [
     ("layout-exceeds-memory", launcher("cluster.gpu_memory_GB=0.001"), "fsdp-F1-R1-S4 needs 2.91 MB per device "
      "(state 419 kB, gathered 854 kB, activations 1.64 MB, buffers 0 B) but a device has 0.001 GB "
      "(cluster.gpu_memory_GB)", None),
+    ("memory-reserve-above-device", launcher("cluster.gpu_memory_GB=1", "cluster.memory_reserve_GB=2"),
+     "cluster.memory_reserve_GB must be a number >= 0 below cluster.gpu_memory_GB, or null, got 2", None),
+    ("plan-dryrun-not-a-bool", launcher("plan.dryrun=maybe"), "plan.dryrun must be true or false, got 'maybe'", None),
+    ("dryrun-exceeds-memory",
+     launcher("action=dryrun", "cluster.gpu_memory_GB=0.004", "cluster.memory_reserve_GB=0.002"),
+     "fsdp-F1-R1-S4: its dry-run peaks at 0.00284 GB per device but a device has 0.004 GB less 0.002 GB kept free "
+     "(cluster.memory_reserve_GB) = 0.002 GB: shard more (S), split the model (train.tp, train.pp) or set "
+     "train.activation_checkpointing=true", None),
+    ("dryrun-host-sync-in-step", launcher("action=dryrun", "train.on_nonfinite=skip_step"),
+     "fsdp-F1-R1-S4: dry-run of rank 0: a host sync in a training step: nonfinite.py:", None),
     ("shrink-with-model-parallel", launcher("retry_shrink=true", "train.checkpoint_every=2", "train.tp=2"),
      "retry_shrink=true resumes on fewer nodes by changing F, R or S, which a run with train.tp or train.pp > 1 "
      "(fsdp-F1-R1-S2-T2) cannot do yet", None),

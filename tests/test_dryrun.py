@@ -92,11 +92,3 @@ def test_action_dryrun_writes_measured_memory_and_collectives_sharing_runs_of_th
         peaks = played[source]["ranks"][0]["peak_bytes"]
         assert memory["dryrun_peak_bytes"] == max(peaks[p] for p in ("first_step", "step", "aggregation") if p in peaks)
     assert "dry-run" in out.splitlines()[[i for i, line in enumerate(out.splitlines()) if "memory/device" in line][0]]
-
-
-def test_a_run_whose_dry_run_does_not_fit_the_device_less_the_reserve_is_refused(tmp_path, capsys):
-    code = _launch(tmp_path, 1, "cluster.gpu_memory_GB=0.004", "cluster.memory_reserve_GB=0.002")
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1
-    assert "its dry-run peaks at" in err[0] and "0.004 GB less 0.002 GB kept free" in err[0]
-    assert "cluster.memory_reserve_GB" in err[0] and "train.tp" in err[0]

@@ -159,11 +159,12 @@ class Progress:
     """One line of documents, tokens, tokens/s and time left (by bytes), rewritten in place on a terminal and
     printed every few seconds elsewhere (a batch job's log)."""
 
-    def __init__(self, total_bytes: int, stream=sys.stderr, every_s: float = 5.0):
-        self.total, self.stream, self.every_s = total_bytes, stream, every_s
+    def __init__(self, total_bytes: int, stream=None, every_s: float = 5.0):
+        # stderr as it is when the work starts, not when this module was imported (a test may have replaced it)
+        self.total, self.stream, self.every_s = total_bytes, stream or sys.stderr, every_s
         self.bytes = self.documents = self.tokens = 0
         self.start = self.last = time.monotonic()
-        self.tty = stream.isatty()
+        self.tty = self.stream.isatty()
 
     def add(self, record: dict) -> None:
         self.bytes += record["size"]
@@ -188,7 +189,7 @@ class Progress:
 
 
 def prepare(paths: list[str], tokenizer: str, out: Path, workers: int = 1, text_key: str = "text",
-            eval_fraction: float = 0.01, stream=sys.stderr) -> tuple[dict, str]:
+            eval_fraction: float = 0.01, stream=None) -> tuple[dict, str]:
     """Tokenize what `paths` hold into `out`; returns the index and what was done, in one line."""
     files = TextData(paths=list(paths), tokenizer=tokenizer, text_key=text_key).files()
     if not 0 < eval_fraction < 1:
