@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 from launcher.sweep import Run
-from train.spec import write_atomic
+from train.spec import RunSpec, write_atomic
 
 GB = 1e9
 TIMEOUT_S = 600  # one rank of one run; an 8B model at 512 ranks takes about a minute (train.dryrun)
@@ -32,27 +32,27 @@ def work_key(run: Run) -> str:
     return json.dumps(keep, sort_keys=True)
 
 
-def ranks_to_play(run: Run) -> list[int]:
+def ranks_to_play(spec: RunSpec) -> list[int]:
     """One rank per pipeline stage (the first holds the embedding, the last the loss; data-parallel and tensor-
     parallel ranks hold the same up to a rounding of the shard)."""
-    dims = run.spec.dims
+    dims = spec.dims
     return [dims.rank((0, 0, 0, p, 0)) for p in range(dims.P)]
 
 
-def play(run: Run, rank: int, folder: Path) -> dict:
-    """train.dryrun for one rank of `run`, in a process of its own (fake process groups are process-wide)."""
+def play(spec: RunSpec, rank: int, folder: Path) -> dict:
+    """train.dryrun for one rank of `spec`, in a process of its own (fake process groups are process-wide)."""
     spec_path, out = folder / f"spec-{rank}.json", folder / f"dryrun-{rank}.json"
-    run.spec.save(spec_path)
+    spec.save(spec_path)
     try:
         done = subprocess.run([sys.executable, "-m", "train.dryrun", str(spec_path), str(out), str(rank)],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ConfigError(f"{run.run_id}: the dry-run of rank {rank} took over {TIMEOUT_S} s") from None
+        raise ConfigError(f"the dry-run of rank {rank} took over {TIMEOUT_S} s") from None
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.startswith("fedshard: error:")]
         why = lines[-1].removeprefix("fedshard: error: ") if lines else (done.stderr.strip().splitlines() or
                                                                           ["no output"])[-1]
-        raise ConfigError(f"dry-run of rank {rank}: {why.removeprefix(run.run_id + ': ')}")
+        raise ConfigError(f"dry-run of rank {rank}: {why.removeprefix(spec.run_id + ': ')}")
     return json.loads(out.read_text())
 
 
@@ -78,9 +78,9 @@ def dryrun(settings, runs: list[Run], model_bytes: dict[str, float]) -> dict[str
             if key not in played:
                 started = time.perf_counter()
                 print(f"  dry-run {distinct.index(key) + 1}/{len(distinct)}: {run.run_id} "
-                      f"({run.spec.world_size} ranks, playing rank(s) {ranks_to_play(run)}) ...", flush=True)
+                      f"({run.spec.world_size} ranks, playing rank(s) {ranks_to_play(run.spec)}) ...", flush=True)
                 try:
-                    reports = [play(run, rank, Path(tmp)) for rank in ranks_to_play(run)]
+                    reports = [play(run.spec, rank, Path(tmp)) for rank in ranks_to_play(run.spec)]
                 except ConfigError as exc:
                     raise ConfigError(f"{run.run_id}: {exc}") from None
                 peak, after = memory_of(reports)

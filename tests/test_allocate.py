@@ -113,7 +113,8 @@ def test_plan_from_a_snapshot_directory(tmp_path):
                                 "group_levels", "hierarchy_ok", "predicted_comm_s", "predicted_ratio_to_fsdp",
                                 "predicted_step_s", "predicted_step_bounds_s", "predicted_compute_s",
                                 "predicted_comm_by_group_s", "predicted_tokens_per_s", "predicted_speedup_over_fsdp",
-                                "compute_source", "checkpoint_bytes", "memory_per_device", "resources", "sbatch"]
+                                "compute_source", "checkpoint_bytes", "memory_per_device", "memory", "resources",
+                                "sbatch"]
 
 
 # ---------------------------------------------------------------- properties on random trees

@@ -3,7 +3,8 @@
 One process plays one rank of the run (a GPU's work, without the GPU): the mesh, the model built and parallelised
 as training does it, the optimizer, two training steps, one aggregation (FedAvg or DiLoCo as the spec says), the
 evaluation and the checkpoint's state dict, all through train.loop.Trainer. Fake tensors hold shapes, not data, so
-an 8B model at 512 ranks costs seconds; every collective returns at once, its contents unknown.
+an 8B model at 512 ranks takes 50-100 s on 2 cores; every collective returns at once, its contents unknown. The
+second step measured is the first after step 0 that does not aggregate (the steady state).
 
 What it measures, per phase:
 - memory: torch's FSDPMemTracker counts every storage the rank holds (parameters, gradients, optimizer states,
@@ -18,7 +19,9 @@ What it measures, per phase:
 - host syncs: a read of a tensor's value (`.item()`, `.tolist()`, `bool(t)`). In a training step it ends the
   dry-run, naming the call (train/ frames); in the phases that may sync (aggregation, evaluation, checkpoint) it is
   counted and answered with zero (0, 0.0, False), which every check the trainer reads back takes as "all
-  clear" (no group disagrees, no step was non-finite).
+  clear" (no group disagrees, no step was non-finite). Two reads are not the device's: AdamW's step counter (a
+  host tensor unless fused) and torch's pipelining's one vote at the first step. Fake tensors dispatch reads that
+  real ones answer in C++ (`.tolist()` reads each element), so counts outside the steps are upper bounds.
 What it cannot see: copies between host and device, which are no-ops on CPU.
 """
 from __future__ import annotations
