@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from launcher import dryrun
 from tests import forked
 from tests.study_data import RESULTS, table3
 from tests.support import ROOT, clean_env
@@ -143,13 +144,32 @@ def test_model_parallel_degrees_are_columns_of_table3_and_prediction(where):
 
 @pytest.mark.parametrize("cluster", ["leonardo", "nvl72"])
 def test_action_plan_rebuilds_the_committed_rankings(cluster, tmp_path):
-    """results/plans/: each ranking.md is what action=plan writes today, byte for byte, with the README's command."""
+    """results/plans/: each ranking.md and plan.json is what action=plan writes today with the README's command,
+    less its dry-run (5 min per cluster; the dry-run itself is checked against real ranks in test_dryrun): the
+    ranking byte for byte, plan.json but for the measured fields, which recompute from the committed dryrun.json."""
     readme = (RESULTS / "plans" / "README.md").read_text()
     [command] = [line.split("python -m launcher ")[1] for line in readme.splitlines()
                  if "python -m launcher " in line and f"cluster={cluster} " in line]
-    args = [a for a in command.split() if not a.startswith("results_dir=")]
+    args = [a for a in command.split() if not a.startswith(("results_dir=", "plan.dryrun="))]
+    assert len(args) == len(command.split()) - 2, "the README's command writes results_dir and runs the dry-run"
     proc = forked.run("launcher", *args, f"results_dir={tmp_path}", cwd=ROOT, env=clean_env(slurm_client=False),
                       timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rebuilt = (tmp_path / cluster / "paper_table3" / "ranking.md").read_text()
-    assert rebuilt == (RESULTS / "plans" / cluster / "paper_table3" / "ranking.md").read_text()
+    committed = RESULTS / "plans" / cluster / "paper_table3"
+    rebuilt = tmp_path / cluster / "paper_table3"
+    assert (rebuilt / "ranking.md").read_text() == (committed / "ranking.md").read_text()
+    def plan_of(folder):  # the sbatch scripts name the folder they were written in
+        return json.loads(re.sub(rf"/[^\s\"]*/(?={cluster}/paper_table3/)", "<results_dir>/",
+                                 (folder / "plan.json").read_text()))
+
+    plan, again = plan_of(committed), plan_of(rebuilt)
+    measured = json.loads((committed / "dryrun.json").read_text())
+    runs = {run["run_id"]: run for run in again.pop("runs")}
+    assert {k: v for k, v in plan.items() if k != "runs"} == again
+    for run in plan["runs"]:
+        memory = run.pop("memory")
+        reports = measured[measured[run["run_id"]]["played_as"]]["ranks"]
+        assert (memory["dryrun_peak_bytes"], memory["dryrun_after_training_bytes"]) == dryrun.memory_of(reports)
+        expected = runs[run["run_id"]].pop("memory")
+        assert memory == expected | {k: memory[k] for k in ("dryrun_peak_bytes", "dryrun_after_training_bytes")}
+        assert run == runs[run["run_id"]]
