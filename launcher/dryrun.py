@@ -2,9 +2,11 @@
 tensors at its real world size (train.dryrun), one process per run and pipeline stage, before anything queues.
 
 Runs that differ only in what leaves a device's work alone (run id, output folder, seed, step count, A) share one
-dry-run. Each writes its measured memory beside the model's into plan.json (`memory`) and the collectives it issued
-into dryrun.json; a run whose dry-run breaks, or whose peak does not fit the device less the reserve
-(cluster.memory_reserve_GB), is refused in one line before submission.
+dry-run. Each writes its measured memory beside the model's into plan.json (`memory`), and the collectives it issued
+into dryrun.json with `traffic`: the bytes each rank sends per group, per step and per aggregation, as the dry-run
+issued them and as the step-time model prices them (launcher.placement.steptime.transfers). A run whose dry-run
+breaks, or whose peak does not fit the device less the reserve (cluster.memory_reserve_GB), is refused in one line
+before submission.
 """
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import time
 from pathlib import Path
 
 from launcher.errors import ConfigError
+from launcher.placement.alphabeta import bus_factor
+from launcher.plan import human_bytes
 from launcher.sweep import Run
+from train.dims import NAMES
 from train.spec import RunSpec, write_atomic
 
 GB = 1e9
@@ -61,9 +66,50 @@ def memory_of(reports: list[dict]) -> tuple[int, int]:
     return (max(r["dryrun_peak_bytes"] for r in reports), max(r["dryrun_after_training_bytes"] for r in reports))
 
 
-def dryrun(settings, runs: list[Run], model_bytes: dict[str, float]) -> dict[str, dict]:
+def collective_kind(op: str) -> str:
+    """The alpha-beta kind of a c10d op (train.dryrun's names); point-to-point sends count as a broadcast."""
+    for part, kind in (("reduce_scatter", "reduce_scatter"), ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
+                       ("gather", "all_gather"), ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
+                       ("barrier", "barrier")):
+        if part in op:
+            return kind
+    return "broadcast"
+
+
+def sent_bytes(report: dict, spec: RunSpec) -> dict[str, dict[str, float]]:
+    """{per: {group: bytes}} one played rank put on its links in the steady step and the aggregation: each
+    collective's whole buffer times its bus factor on its group's ranks (steptime.wire_bytes does the same)."""
+    size = dict(zip(NAMES, spec.dims.shape))
+    out: dict[str, dict[str, float]] = {}
+    for phase, per in (("step", "step"), ("aggregation", "aggregation")):
+        for row in report["collectives"].get(phase, []):
+            kind, ranks = collective_kind(row["op"]), 1
+            for name in row["group"].split("+"):
+                ranks *= size.get(name, 1)
+            if kind != "barrier" and ranks > 1:
+                sent = out.setdefault(per, {})
+                sent[row["group"]] = sent.get(row["group"], 0.0) + row["bytes"] * bus_factor(kind, ranks)
+    return out
+
+
+def traffic(measured: dict, predicted: dict) -> dict[str, dict[str, dict]]:
+    """{per: {group: {"model": bytes, "dryrun": bytes}}}: the two side by side, 0 where one sends nothing."""
+    return {per: {group: {"model": predicted.get(per, {}).get(group, 0.0),
+                          "dryrun": measured.get(per, {}).get(group, 0.0)}
+                  for group in sorted({*predicted.get(per, {}), *measured.get(per, {})})}
+            for per in ("step", "aggregation") if per in predicted or per in measured}
+
+
+def _traffic_line(sides: dict) -> str:
+    return "; ".join(f"per {per}: " + ", ".join(f"{group} {human_bytes(v['dryrun'])} (model {human_bytes(v['model'])})"
+                                                for group, v in groups.items())
+                     for per, groups in sides.items())
+
+
+def dryrun(settings, runs: list[Run], model_bytes: dict[str, float], model_sent: dict[str, dict]) -> dict[str, dict]:
     """Play every run (shared where the work is the same); print progress; refuse what breaks or cannot fit;
-    write dryrun.json; return each run's `memory` block for plan.json."""
+    write dryrun.json; return each run's `memory` block for plan.json. `model_sent`: each run's bytes sent per
+    step and aggregation by group, as the step-time model has them (plan.sent_bytes)."""
     cluster = settings.cluster
     device = cluster.gpu_memory_GB * GB if cluster.gpu_memory_GB else None
     reserve = (cluster.memory_reserve_GB or 0.0) * GB
@@ -89,14 +135,16 @@ def dryrun(settings, runs: list[Run], model_bytes: dict[str, float]) -> dict[str
                       flush=True)
                 played[key] = (run.run_id, reports)
             source, reports = played[key]
+            sides = traffic(sent_bytes(reports[0], run.spec), model_sent[run.run_id])  # rank 0: the first stage,
+            print(f"    {run.run_id} sends {_traffic_line(sides)}", flush=True)   # which the model prices
             peak, after = memory_of(reports)
             memory = {"model_bytes": int(model_bytes[run.run_id]), "dryrun_peak_bytes": peak,
                       "dryrun_after_training_bytes": after, "reserve_bytes": int(reserve),
                       "device_bytes": int(device) if device else None}
             check_fits(run.run_id, memory)  # before anything is written
             out[run.run_id] = memory
-            by_run[run.run_id] = {"played_as": source, "ranks": reports} if source == run.run_id else \
-                {"played_as": source}
+            by_run[run.run_id] = {"played_as": source, "traffic": sides} | \
+                ({"ranks": reports} if source == run.run_id else {})
     write_atomic(settings.sweep_dir / "dryrun.json", json.dumps(by_run, indent=1) + "\n")
     return out
 

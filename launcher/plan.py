@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, replace
 
 from launcher import shrink
 from launcher.errors import ConfigError
-from launcher.placement import allocate, gc_paused, memory, topology
+from launcher.placement import allocate, gc_paused, memory, steptime, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
-from launcher.placement.steptime import StepTime
+from launcher.placement.steptime import ModelParallel, Shapes, StepTime
 from launcher.prediction import TOLERANCE, Predictor
 from launcher.report.tables import oriented
 from launcher.secrets import redact, redacted
@@ -180,6 +180,15 @@ def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTim
                           t.precision, t.timing, placement, *layout[5:], micro, t.sequence_parallel, t.pp_schedule)
 
 
+def model_sent_bytes(run: Run) -> dict[str, dict[str, float]]:
+    """{per: {group: bytes}} the step-time model has each rank of `run` send per step and per aggregation."""
+    spec, t = run.spec, run.spec.train
+    mp = ModelParallel.of(spec.model.llama_kwargs, t.batch_per_rank, t.seq_len, t.pp, t.tp, t.n_microbatches,
+                          t.sequence_parallel)
+    moved = steptime.transfers(spec.F, spec.R, spec.S, Shapes.of(spec.model.llama_kwargs), comm_model(run), mp)
+    return steptime.wire_bytes(moved, steptime.group_ranks(spec.F, spec.R, spec.S, mp))
+
+
 def memory_of(run: Run, layout: tuple | None = None) -> memory.Memory:
     """Bytes per device of `run`, or of its model and global batch (spread) in `layout`."""
     m = memory.layout_of(run.spec)
@@ -336,7 +345,8 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         from launcher import dryrun
 
         print(f"dry-run of {len(entries)} run(s) on fake tensors at their real world size (launcher.dryrun):")
-        measured = dryrun.dryrun(settings, runs, {e.run_id: e.memory["model_bytes"] for e in entries})
+        measured = dryrun.dryrun(settings, runs, {e.run_id: e.memory["model_bytes"] for e in entries},
+                                 {run.run_id: model_sent_bytes(run) for run in runs})
         entries = [replace(e, memory=measured[e.run_id]) for e in entries]
     widest = max(runs, key=lambda r: r.nodes)
     G, capacity = settings.cluster.gpus_per_node, settings.cluster.gpu_memory_GB

@@ -108,8 +108,7 @@ class Predictor:
         """`batch`: sequences per data-parallel rank. A probe written before barriers were timed prices them at
         nothing."""
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
-        mp = ModelParallel(P, T, microbatches, batch * seq_len, llama_kwargs["hidden_size"],
-                           llama_kwargs["vocab_size"], sequence_parallel)
+        mp = ModelParallel.of(llama_kwargs, batch, seq_len, P, T, microbatches, sequence_parallel)
         if placement.loads is None:
             placement.loads = load(placement, F, R, S, self.topo, P, T)
         return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, placement.loads, self.network,

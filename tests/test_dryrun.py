@@ -5,6 +5,9 @@ import json
 import pytest
 
 from launcher.__main__ import main
+from launcher.dryrun import sent_bytes, traffic
+from launcher.plan import model_sent_bytes
+from launcher.sweep import Run
 from train.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
 from train.local_ranks import run_ranks
 from train.spec import RunSpec
@@ -48,6 +51,26 @@ def test_the_dry_run_measures_what_the_real_run_holds_and_issues(case, tmp_path)
         assert fake["peak_bytes"][phase] == pytest.approx(measured, rel=0.05), phase
     assert fake["collectives"] == real["collectives"]
     assert "_scaled_dot_product_flash_attention_for_cpu" in fake["attention"]  # no score matrix kept
+    _model_sends_what_the_dry_run_sent(RunSpec.from_dict(raw), fake)
+
+
+def _model_sends_what_the_dry_run_sent(spec: RunSpec, played: dict) -> None:
+    """The step-time model's bytes per group, per step and per aggregation, are the dry-run's within 2 %
+    (int8 blocks' scales, FSDP's padding to a multiple of S), and 64 B (the non-finite guard's world check)."""
+    sides = traffic(sent_bytes(played, spec), model_sent_bytes(Run(spec, 1)))
+    assert sides["step"]
+    for per, groups in sides.items():
+        for group, sent in groups.items():
+            assert sent["dryrun"] == pytest.approx(sent["model"], rel=0.02, abs=64), (per, group)
+
+
+def test_the_model_prices_the_tensor_and_pipeline_traffic_sequence_parallelism_issues(tmp_path):
+    raw = _spec({"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "train": {"tp": 2, "pp": 2, "sequence_parallel": True,
+                                                                        "microbatches": 4, "batch_per_rank": 4}},
+                tmp_path)
+    played = dryrun(RunSpec.from_dict(raw))
+    assert {"tp", "pp", "shard"} <= set(sent_bytes(played, RunSpec.from_dict(raw))["step"])
+    _model_sends_what_the_dry_run_sent(RunSpec.from_dict(raw), played)
 
 
 def test_the_collectives_are_named_by_the_mesh_dimensions_they_span(tmp_path):
@@ -91,4 +114,6 @@ def test_action_dryrun_writes_measured_memory_and_collectives_sharing_runs_of_th
         assert source == run["run_id"].replace("-rep2", "-rep1")
         peaks = played[source]["ranks"][0]["peak_bytes"]
         assert memory["dryrun_peak_bytes"] == max(peaks[p] for p in ("first_step", "step", "aggregation") if p in peaks)
+        shard = played[run["run_id"]]["traffic"]["step"]["shard"]
+        assert shard["model"] > 0 and shard["dryrun"] == pytest.approx(shard["model"], rel=0.02)
     assert "dry-run" in out.splitlines()[[i for i, line in enumerate(out.splitlines()) if "memory/device" in line][0]]

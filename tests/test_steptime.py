@@ -185,36 +185,38 @@ def test_world_barriers_are_priced_per_step_and_never_hidden():
 
 def test_tensor_parallel_step_by_hand():
     # tp = 2: the root keeps its embedding (50) whole and half its lm_head (25); each layer is 5 per rank.
-    # Per layer 4 all_reduces of a microbatch's activations (8 tokens x 2 hidden x 4 B = 64 B), one more for
-    # lm_head's input gradient, and the logits gathered (8 x 5 x 4 = 160 B), inside a node (1e3 B/s).
+    # Per layer 7 all_reduces of a microbatch's activations (8 tokens x 2 hidden x 4 B = 64 B): 2 in forward, one
+    # per column-wise matrix's input gradient in backward; one more for lm_head's input gradient, and the logits
+    # gathered (8 x 5 x 4 = 160 B), inside a node (1e3 B/s).
     mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5)
     t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
                   "tensor": {-1: 1}, "pipeline": {}}, NOMINAL, COMPUTE, overlap=False, mp=mp)
-    assert t.comm_s["tensor"] == pytest.approx(9 * 64 * 1.0 / 1e3 + 160 * 0.5 / 1e3)
+    assert t.comm_s["tensor"] == pytest.approx(15 * 64 * 1.0 / 1e3 + 160 * 0.5 / 1e3)
     assert t.comm_s["shard"] == pytest.approx(((75 + 2 * 2 * 5) * 4 + (75 + 2 * 5) * 4) * 0.75 / 100)
     assert t.compute_s == pytest.approx(3.0 / 2 + 4.0 / (4 * 2))  # forward+backward / tp, optimizer / (S x tp)
 
 
 def test_sequence_parallel_tensor_step_by_hand():
-    # The same tp = 2 layout with sequence parallelism: per layer 4 all_gathers and 4 reduce_scatters of the
-    # 64 B activations (each half an all_reduce's ring bytes: 64 x 0.5 / 1e3), the stage's 2 more all_gathers,
-    # lm_head's all_reduce and its logits' gather as before.
+    # The same tp = 2 layout with sequence parallelism: per layer 4 all_gathers and 2 reduce_scatters of the
+    # 64 B activations (each half an all_reduce's ring bytes: 64 x 0.5 / 1e3) and the 5 backward all_reduces,
+    # the stage's 2 more all_gathers, lm_head's all_reduce and its logits' gather as before.
     mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5, sequence_parallel=True)
     t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
                   "tensor": {-1: 1}, "pipeline": {}}, NOMINAL, COMPUTE, overlap=False, mp=mp)
-    per_layer = 4 * (64 * 0.5 / 1e3 + 64 * 0.5 / 1e3)
+    per_layer = 6 * 64 * 0.5 / 1e3 + 5 * 64 / 1e3
     assert t.comm_s["tensor"] == pytest.approx(2 * per_layer + 2 * 64 * 0.5 / 1e3 + 64 / 1e3 + 160 * 0.5 / 1e3)
 
 
 def test_pipeline_step_by_hand():
     # pp = 2 with 2 microbatches: 3 slots, each sending a microbatch's activations (4 x 2 x 4 = 32 B) forward
     # and their gradient back across a leaf (100 B/s); compute halved, then stretched by the bubble (2+2-1)/2.
+    # The layer is gathered in forward once per microbatch (FSDP2 reshards it after each) and once in backward.
     mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
     t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
                   "tensor": {}, "pipeline": {0: 1}}, NOMINAL, COMPUTE, overlap=True, mp=mp)
     assert t.comm_s["pipeline"] == pytest.approx(2 * 3 * 32 / 100)
     # one layer and the embedding per rank
-    assert t.comm_s["shard"] == pytest.approx(((50 + 2 * 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
+    assert t.comm_s["shard"] == pytest.approx(((50 + 3 * 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
     assert t.compute_s == pytest.approx(3.0 / 2 * 3 / 2 + 4.0 / (4 * 2))
     # nothing overlaps the pipeline's sends, even with FSDP's traffic hidden behind compute
     assert t.full_overlap_s == pytest.approx(max(3.0 / 2 * 3 / 2, t.comm_s["shard"]) + 4.0 / 8 + t.comm_s["pipeline"])

@@ -15,7 +15,7 @@ What it measures, per phase:
   call (AdamW's step measured 864 MiB against 248 MiB for the for-loop and for foreach on real tensors: 8 Linear
   4096 layers in bf16, world 8), so foreach's one moment-sized temporary list is not in the figure.
 - collectives: each one this rank issues (op, the mesh dimensions of its group, bytes of the full tensor it
-  reduces or gathers), by phase.
+  reduces or gathers: an all-gather's output, a reduce-scatter's input), by phase.
 - host syncs: a read of a tensor's value (`.item()`, `.tolist()`, `bool(t)`). In a training step it ends the
   dry-run, naming the call (train/ frames); in the phases that may sync (aggregation, evaluation, checkpoint) it is
   counted and answered with zero (0, 0.0, False), which every check the trainer reads back takes as "all
@@ -88,6 +88,8 @@ class Watch(TorchDispatchMode):
         if namespace in COLLECTIVE_NAMESPACES and name not in NOT_COLLECTIVES:
             tensors = [t for t in _flat(args, kwargs) if isinstance(t, torch.Tensor)]
             full = max((t.numel() * t.element_size() for t in tensors), default=0)
+            if name == "all_gather_into_tensor":  # functional (tensor parallelism): given the shard, returns
+                full *= args[1]                   # the whole, group_size times larger
             count = self.collectives[self.phase][(name, self._group(args, kwargs))]
             count[0] += 1
             count[1] += full

@@ -12,11 +12,11 @@ COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
 
 
 def bus_factor(collective: str, ranks: int) -> float:
-    """nccl-tests' busbw / algbw: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter, 1 for
-    broadcast. Sizes are the whole buffer (all_gather's output, reduce_scatter's input)."""
+    """nccl-tests' busbw / algbw: 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter and
+    all_to_all, 1 for broadcast. Sizes are the whole buffer (all_gather's output, reduce_scatter's input)."""
     n = ranks
     return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
-            "broadcast": 1.0}[collective]
+            "all_to_all": (n - 1) / n, "broadcast": 1.0}[collective]
 
 
 @dataclass(frozen=True)

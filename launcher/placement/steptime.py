@@ -3,8 +3,9 @@ alpha and bandwidth of the level it crosses (launcher.placement.costmodel keeps 
 formulas beside it). Pure arithmetic, no torch: plan ranks hundreds of layouts with it.
 
 What one step sends (train.parallelize: fully_shard on each decoder layer, then on the root):
-- shard group (S ranks): per unit an all_gather in forward (every layer and the root), another in backward
-  for each layer (the root is not resharded after forward), and a reduce_scatter of its gradient;
+- shard group (S ranks): per unit an all_gather in forward (every layer and the root; a layer again for each
+  further pipeline microbatch, FSDP2 resharding it after each forward), another in backward for each layer
+  (the root is not resharded after forward), and a reduce_scatter of its gradient;
 - replicate group (R ranks, HSDP): an all_reduce of each unit's gradient shard;
 - federation, every A steps (F groups): the rank's whole shard averaged in FEDAVG_CHUNK_BYTES chunks (fp32:
   one all_reduce each; 16-bit: all_to_all + all_gather, the same bytes), then for FL+HSDP replica 0's
@@ -15,13 +16,17 @@ it crosses, where flows is how many of the layout's concurrent groups share that
   boundary with train.timing=phases (PHASE_BARRIERS), one per FedAvg for the non-finite check (train.nonfinite).
 With tensor and pipeline parallelism (ModelParallel) a rank holds the largest stage's ceil(L / pp) layers, each
 split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
-- tensor group (tp ranks, one node): per layer and microbatch an all_reduce of the activations after attention
-  and after the MLP in forward, and two of their gradients in backward; lm_head gathers the logits (all_gather)
-  and all-reduces its input's gradient; with sequence parallelism each of those all-reduces is an all_gather
-  plus a reduce_scatter (the same ring bytes, twice the latency), and each stage adds two all_gathers (its
-  output in forward, its input's gradient in backward);
-- pipeline (pp stages): each of the m + pp - 1 slots of the schedule sends one microbatch's activations forward
-  and their gradient back, priced as a broadcast between two ranks on the level the stages cross;
+- tensor group (tp ranks, one node), per layer and microbatch, as train.tensor's DTensor plan issues them (the
+  dry-run counts them, launcher.dryrun): an all_reduce of the activations after attention and after the MLP in
+  forward, and in backward one of the input gradient of each column-wise matrix (q, k, v, gate, up: five, not a
+  fused QKV's two); lm_head (without pipeline stages: the first stage, priced, has none) gathers the logits
+  (all_gather) and all-reduces its input's gradient. With sequence parallelism the two forward all-reduces
+  become reduce_scatters, whose gradients are all_gathers, the attention and MLP inputs are all_gathered, and
+  each stage adds two all_gathers (its output in forward, its input's gradient in backward); the five backward
+  all-reduces stay (a Megatron layout would reduce-scatter one sum instead);
+- pipeline (pp stages): a stage sends each of the m microbatches' activations forward and receives its
+  gradient back (or the reverse), each priced as a broadcast between two ranks on the level the stages cross,
+  and the schedule's m + pp - 1 slots each way, not m, lie on the critical path;
 - compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
 Where the probe measured the layout's own stage step in place (Compute.in_place, train.calibrate_layout), that
@@ -75,6 +80,13 @@ class ModelParallel:
     hidden: int = 0
     vocab: int = 0
     sequence_parallel: bool = False  # under tp: all-gather + reduce-scatter in place of each all-reduce
+
+    @classmethod
+    def of(cls, llama_kwargs: dict, batch: float, seq_len: int, P: int = 1, T: int = 1, microbatches: int = 1,
+           sequence_parallel: bool = False) -> "ModelParallel":
+        """`batch`: sequences per data-parallel rank."""
+        return cls(P, T, microbatches, batch * seq_len, llama_kwargs["hidden_size"], llama_kwargs["vocab_size"],
+                   sequence_parallel)
 
 
 def stage_shapes(shapes: Shapes, P: int, T: int) -> Shapes:
@@ -172,6 +184,7 @@ class StepTime:
     full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
     step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
     compute_source: str
+    wire_bytes: dict         # {per: {group: bytes}} each rank sends per step and per aggregation (wire_bytes)
 
 
 def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 1,
@@ -182,32 +195,77 @@ def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 
             for kind, groups in communicators(F, R, S, P, T).items()}
 
 
-def model_parallel_seconds(mp: ModelParallel, stage_layers: int, act_b: float, net, loads: dict) -> dict:
-    """Seconds per step of the tensor-parallel and pipeline traffic (module docstring), activations in the
-    compute dtype (the parameters' all-gather dtype)."""
-    m = mp.microbatches
-    micro = mp.tokens / m * mp.hidden * act_b  # one microbatch's activations
-    tensor = pipeline = 0.0
-    if mp.T > 1:
-        def tp(collective: str, nbytes: float) -> float:
-            return net(collective, nbytes, mp.T, loads["tensor"])
-
-        per_micro = tp("all_reduce", micro) + tp("all_gather", mp.tokens / m * mp.vocab * act_b)  # lm_head
-        if mp.sequence_parallel:
-            per_micro += 4 * stage_layers * (tp("all_gather", micro) + tp("reduce_scatter", micro))
-            per_micro += 2 * tp("all_gather", micro)
-        else:
-            per_micro += 4 * stage_layers * tp("all_reduce", micro)
-        tensor = m * per_micro
-    if mp.P > 1:
-        pipeline = 2 * (m + mp.P - 1) * net("broadcast", micro, 2, loads["pipeline"])
-    return {"tensor": tensor, "pipeline": pipeline}
-
-
 def sync_seconds(barrier_s: float, phases: bool, F: int, A: int | None) -> float:
     """World-wide synchronisation per step: the phase barriers, and a federated run's non-finite check before
     each FedAvg, amortised over A."""
     return barrier_s * ((PHASE_BARRIERS if phases else 0) + (1 / A if F > 1 else 0))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Collectives of one kind a rank issues: `calls` of `size` bytes (the whole buffer) over one of its groups
+    (a mesh dimension: shard, replicate, fed, tp, pp), in every step or in every aggregation (`per`)."""
+
+    per: str  # "step" | "aggregation"
+    group: str
+    collective: str
+    size: float
+    calls: int
+
+
+LOADS = {"shard": "shard", "replicate": "replicate", "fed": "federation", "tp": "tensor", "pp": "pipeline"}
+
+
+def transfers(F: int, R: int, S: int, shapes: Shapes, model: Model, mp: ModelParallel = ModelParallel()) -> list:
+    """What one rank sends (module docstring), in the order step_time sums it; `model` gives the bytes per
+    parameter of each collective (costmodel), activations travel in the parameters' all-gather dtype."""
+    gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
+    stage = stage_shapes(shapes, mp.P, mp.T)
+    units = [stage.root] + [stage.layer] * stage.layers
+    out = []
+    m = mp.microbatches
+    for i, p in enumerate(units):
+        out += [Transfer("step", "shard", "all_gather", p * gather_b, 1 if i == 0 else m + 1),
+                Transfer("step", "shard", "reduce_scatter", p * grad_b, 1)]
+    out += [Transfer("step", "replicate", "all_reduce", p / S * grad_b, 1) for p in units]
+    if F > 1:
+        shard_bytes = sum(units) / S * (model.fedavg_bytes_per_param or gather_b)
+        chunks = max(1, -(-int(shard_bytes) // FEDAVG_CHUNK_BYTES))
+        exchange = "all_reduce" if (model.fedavg_bytes_per_param or gather_b) >= 4 else "all_to_all"
+        out += [Transfer("aggregation", "fed", exchange, shard_bytes / chunks, chunks),
+                Transfer("aggregation", "replicate", "broadcast", shard_bytes / chunks, chunks)]
+    micro = mp.tokens / m * mp.hidden * gather_b  # one microbatch's activations
+    L = stage.layers
+    if mp.T > 1:
+        if mp.P == 1:  # lm_head (the first stage, the one priced, has none)
+            out += [Transfer("step", "tp", "all_reduce", micro, m),
+                    Transfer("step", "tp", "all_gather", mp.tokens / m * mp.vocab * gather_b, m)]
+        if mp.sequence_parallel:
+            out += [Transfer("step", "tp", "all_reduce", micro, m * 5 * L),
+                    Transfer("step", "tp", "all_gather", micro, m * (4 * L + 2)),
+                    Transfer("step", "tp", "reduce_scatter", micro, m * 2 * L)]
+        else:
+            out.append(Transfer("step", "tp", "all_reduce", micro, m * 7 * L))
+    if mp.P > 1:
+        out.append(Transfer("step", "pp", "broadcast", micro, 2 * m))
+    return out
+
+
+def group_ranks(F: int, R: int, S: int, mp: ModelParallel) -> dict[str, int]:
+    """Ranks of each group a transfer crosses (a pipeline send joins two stages)."""
+    return {"shard": S, "replicate": R, "fed": F, "tp": mp.T, "pp": 2 if mp.P > 1 else 1}
+
+
+def wire_bytes(moved: list, ranks: dict[str, int]) -> dict[str, dict[str, float]]:
+    """{per: {group: bytes}}: what each rank puts on its links, the whole buffer times nccl-tests' bus factor
+    (an all_to_all as the all_reduce it replaces: its all_to_all and all_gather)."""
+    out: dict[str, dict[str, float]] = {}
+    for t in moved:
+        if ranks[t.group] > 1:
+            kind = "all_reduce" if t.collective == "all_to_all" else t.collective
+            per = out.setdefault(t.per, {})
+            per[t.group] = per.get(t.group, 0.0) + t.calls * t.size * bus_factor(kind, ranks[t.group])
+    return out
 
 
 def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shapes, model: Model,
@@ -215,26 +273,19 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
               overlap: bool, sync_s: float = 0.0, mp: ModelParallel = ModelParallel()) -> StepTime:
     """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `sync_s`:
     world-wide barriers per step (sync_seconds), which nothing overlaps; `mp`: tensor and pipeline parallelism."""
-    gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
-    fedavg_b = model.fedavg_bytes_per_param or model.bytes_per_param
-    stage = stage_shapes(shapes, mp.P, mp.T)
-    units = [stage.root] + [stage.layer] * stage.layers
-    net = network.seconds
-    shard = sum(net("all_gather", p * gather_b, S, loads["shard"]) * (1 if i == 0 else 2)
-                + net("reduce_scatter", p * grad_b, S, loads["shard"]) for i, p in enumerate(units))
-    replicate = sum(net("all_reduce", p / S * grad_b, R, loads["replicate"]) for p in units)
-    federation = 0.0
-    if F > 1:
-        shard_bytes = sum(units) / S * fedavg_b
-        chunks = max(1, -(-int(shard_bytes) // FEDAVG_CHUNK_BYTES))
-        exchange = "all_reduce" if fedavg_b >= 4 else "all_to_all"
-        federation = chunks * net(exchange, shard_bytes / chunks, F, loads["federation"])
-        federation += chunks * net("broadcast", shard_bytes / chunks, R, loads["replicate"])
-        federation /= A
+    moved, ranks = transfers(F, R, S, shapes, model, mp), group_ranks(F, R, S, mp)
+
+    def seconds(per: str, *groups: str) -> float:
+        return sum(t.calls * network.seconds(t.collective, t.size, ranks[t.group], loads[LOADS[t.group]])
+                   for t in moved if t.per == per and t.group in groups)
+
+    federation = seconds("aggregation", *LOADS) / A if F > 1 else 0.0
+    shard, replicate = seconds("step", "shard"), seconds("step", "replicate")
     comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
     in_place = compute is not None and compute.in_place
     if mp.P * mp.T > 1 and not in_place:
-        comm |= model_parallel_seconds(mp, stage.layers, gather_b, net, loads)
+        slots = (mp.microbatches + mp.P - 1) / mp.microbatches  # the schedule's slots each way, all on the path
+        comm |= {"tensor": seconds("step", "tp"), "pipeline": seconds("step", "pp") * slots}
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
     elif in_place:
@@ -248,4 +299,4 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
     no_overlap = hidden + exposed_compute + shard + replicate + exposed
     full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed
     return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
-                    full_overlap if overlap else no_overlap, source)
+                    full_overlap if overlap else no_overlap, source, wire_bytes(moved, ranks))
