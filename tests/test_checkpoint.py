@@ -25,6 +25,7 @@ def _torchrun(spec: Path, entry=("train",)) -> forked.Ranks:
     return forked.torchrun(*entry, str(spec), nproc=4, env=clean_env())
 
 
+@pytest.mark.slow
 def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tmp_path):
     uninterrupted(json.loads(_spec(tmp_path, "reference").read_text()))
 

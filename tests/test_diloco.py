@@ -19,7 +19,7 @@ MODES = {"whole": (3, {"outer": "diloco", "outer_offload": True}, 21, 12),
          "streamed": (6, {"outer": "diloco", "outer_fragments": 3, "outer_delay": 1}, 21, 11)}
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m == "streamed" else m for m in MODES])
 def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exactly(tmp_path, mode):
     A, keys, crash_at, resumed_from = MODES[mode]
 

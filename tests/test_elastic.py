@@ -2,6 +2,8 @@
 from the federation's last average, and the result says which data streams were no longer trained."""
 import json
 
+import pytest
+
 from tests import forked
 from tests.support import clean_env, losses
 from train.result import RunResult
@@ -69,6 +71,7 @@ def test_fsdp_resumes_on_fewer_shards_and_dcp_reshards_parameters_and_moments(tm
                                       "at_step": 20, "streams_dropped": 2}]
 
 
+@pytest.mark.slow
 def test_a_pipelined_tensor_parallel_run_resumes_on_fewer_shards(tmp_path):
     """tp = 2 x pp = 2 under FSDP, from 2 shards (8 ranks) to 1 (4 ranks): DCP reshards each stage's
     tensor-split parameters and moments, kept under the stage's own keys."""

@@ -3,10 +3,13 @@
 import subprocess
 import sys
 
+import pytest
+
 from launcher.report.results import load_results
 from tests.support import ROOT, clean_env
 
 
+@pytest.mark.slow
 def test_paper_table3_on_this_machine_learns(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=paper_table3", f"results_dir={tmp_path}"],
                           capture_output=True, text=True, cwd=ROOT, env=clean_env(slurm_client=False), timeout=1500)

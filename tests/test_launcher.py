@@ -136,6 +136,7 @@ def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     assert "Table 3" in again.stdout
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
     # A suite started in the background by a shell without job control inherits SIGINT ignored, and Python
     # keeps it ignored: the launcher gets the disposition a terminal would give it.
@@ -171,6 +172,7 @@ def test_a_deterministic_failure_is_reported_and_not_retried(tmp_path, tiny_toke
     assert "DataError" in entry["reason"] and "yields 0 tokens" in entry["reason"]
 
 
+@pytest.mark.slow
 def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
     """A task killed by SIGKILL (as a failing node would) can pass on a second try: it is retried."""
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, "sweep.strategies=[fsdp]", "retries=1",
@@ -189,6 +191,7 @@ def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
     assert "reason" not in entry and "scheduler_state" not in entry  # the first attempt's failure is history
 
 
+@pytest.mark.slow
 def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):
     first = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, f"results_dir={tmp_path}"], env=_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -126,6 +126,7 @@ def _torchrun(spec: dict, tmp_path, name: str, entry=("train",)) -> forked.Ranks
     return forked.torchrun(*entry, str(path), nproc=RunSpec.from_dict(spec).world_size, env=clean_env())
 
 
+@pytest.mark.slow
 def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
     """FL+FSDP with tp = 2 (sequence-parallel) and pp = 2 (8 ranks) through `python -m train`: stopped by the
     scheduler's signal after step 10, between two FedAvgs (every group's model and optimizer saved apart), it

@@ -46,6 +46,7 @@ def test_plan_of_a_multirun_is_one_plan_with_every_point(tmp_path):
     assert "only in a multirun (python -m launcher -m ...)" in err.getvalue()
 
 
+@pytest.mark.slow
 def test_multirun_runs_each_value_and_tables_it(tmp_path):
     args = ["-m", "sweep=smoke", "sweep.strategies=[fsdp]", "train.lr=1e-2,1e-3", f"results_dir={tmp_path}"]
     proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=ROOT,

@@ -29,6 +29,7 @@ def test_probe_times_every_level_and_collective_on_gloo_ranks():
     assert fit([tuple(p) for p in rows[2]["points"]]).bytes_per_s > 0  # node all_reduce
 
 
+@pytest.mark.slow
 def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     """`python -m launcher action=probe` on cluster=local: a job on the widest run's ranks, progress echoed,
     probe.json with a fit per (level, collective), the compute of each workload, the tp = 2 layout's stage
@@ -99,6 +100,7 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     assert "compute measured by the probe" in proc.stdout and "fastest layouts on 2 nodes" in proc.stdout
 
 
+@pytest.mark.slow
 def test_action_validate_probes_then_runs_with_registered_predictions(tmp_path):
     """probe -> plan -> runs -> report in one command: every prediction compared is registered, made with the
     calibration of this very job; a second validation on the same directory, or a hand-picked probe, is refused."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import submitit
 
 from tests.support import children, clean_env, losses, steps_logged, uninterrupted_like, wait_for
@@ -29,6 +30,7 @@ def _submit_local(tmp_path: Path, name: str):
     return executor.submit(TrainJob(str(tmp_path / f"{name}.json")))
 
 
+@pytest.mark.slow
 def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypatch):
     """SLURM's pre-emption warning (submitit's USR2), delivered to every task as SLURM does."""
     for key, value in clean_env().items():
@@ -83,6 +85,7 @@ def _kill_launcher_mid_run(results: Path, whole_session: bool) -> None:
     assert _manifest(results)["state"] in ("SUBMITTED", "RUNNING")  # what a killed launcher leaves behind
 
 
+@pytest.mark.slow
 def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_path):
     # The launcher alone dies: its job runs on; the rerun watches that job instead of submitting another.
     _kill_launcher_mid_run(tmp_path / "orphan", whole_session=False)

@@ -72,6 +72,7 @@ def test_scaling_table_gives_efficiency_paired_by_seed_against_the_fewest_device
     assert scaling_plot(_results(), "weak", tmp_path / "scaling.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_a_local_strong_scaling_sweep_writes_the_scaling_table_and_plot(tmp_path):
     args = ["sweep=scaling_strong", "sweep.strategies=[fsdp]", "sweep.tp=[1]", "sweep.pp=[1]", "sweep.nodes=[1,2]",
             "sweep.repeats=1", "train.steps=4", "train.eval_every=0", "train.log_every=2", f"results_dir={tmp_path}"]

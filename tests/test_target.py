@@ -65,6 +65,7 @@ def test_too_few_evaluations_for_a_target_are_said():
     assert resolution_note(_runs()[0]) is None  # no target: nothing to resolve
 
 
+@pytest.mark.slow
 def test_reference_runs_first_then_the_others_with_the_declared_target(tmp_path):
     args = ["sweep=smoke", "model=tiny", "sweep.target=reference", "train.eval_every=2", f"results_dir={tmp_path}"]
     proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,

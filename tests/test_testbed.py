@@ -95,6 +95,7 @@ def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path)
 
 
 
+@pytest.mark.slow
 def test_sacct_records_exit_0_for_completed_runs_and_not_for_a_failed_one(testbed, tmp_path):
     """What SLURM's accounting keeps is what a site's tooling trusts: every step of a completed run's job exits
     0:0 (no abort at interpreter exit), and a run whose loss goes non-finite (lr 1e30) fails with a non-zero
@@ -152,6 +153,7 @@ def _wait_idle(timeout_s=60):
              "the testbed nodes to return to idle", timeout_s)
 
 
+@pytest.mark.slow
 def test_pinned_mode_orders_ranks_with_a_hostfile(testbed, tmp_path):
     _wait_idle()
     proc = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "cluster.placement=pinned",
@@ -202,6 +204,7 @@ def _sweep_with_fault(results: Path, fault) -> tuple[str, dict]:
     return out, json.loads((results / "testbed" / "smoke" / "manifest.jsonl").read_text())
 
 
+@pytest.mark.slow
 def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(testbed, tmp_path):
     """The reference is the same spec trained uninterrupted on forked local gloo ranks (tests/support.py): the
     losses depend on the layout and the data, not on where the ranks run."""
@@ -232,6 +235,7 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
 SHRINK_RUN = "fl_fsdp-F4-R1-S2-A2"
 
 
+@pytest.mark.slow
 def test_a_node_lost_mid_run_shrinks_the_federation_and_the_loss_curve_goes_on(testbed, tmp_path):
     """retry_shrink: tb4 goes down after the step-20 checkpoint; SLURM requeues the job, which would wait for
     tb4; the launcher cancels it and resumes the run from its checkpoint on 3 federation groups. The tasks
