@@ -236,6 +236,8 @@ def exercise(trainer: loop.Trainer, watch: Watch) -> dict[str, int]:
     for group in trainer.optimizer.param_groups:
         group["foreach"] = False  # module docstring
     tracker = FSDPMemTracker(trainer.model, trainer.optimizer)
+    if trainer.fedavg is not None:  # held since the trainer was built: DiLoCo's synchronized copy and momentum
+        tracker.track_external(*trainer.fedavg.device_state())
     peaks = Peaks(tracker)
     # the tracker refuses a module called twice between resets (evaluation batches, microbatches): reset first
     # (a global hook registered before the tracker's own global hooks runs before them)

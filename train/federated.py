@@ -81,6 +81,10 @@ class FedAvg:
         """State beyond the model and optimizer that checkpoints keep: none for FedAvg (train.outer)."""
         return {}
 
+    def device_state(self) -> list:
+        """Tensors kept on the device between averages, beyond the model and optimizer: none (train.outer)."""
+        return []
+
     def check_alignment(self, contents: bool) -> None:
         """Run the guard; `contents` also compares initial weights (only meaningful before training diverges)."""
         alignment.check(self.guarded(), self.fed_group, self.device, contents)

@@ -51,7 +51,7 @@ class DiLoCo(FedAvg):
                  wire: str = "fp32", fragments: int = 1, delay: int = 0,
                  whole: list[tuple[str, int]] | None = None, **fedavg):
         super().__init__(model, optimizer, mesh, A, **fedavg)
-        self.lr, self.momentum, self.wire, self.delay = lr, momentum, wire, delay
+        self.lr, self.momentum, self.wire, self.delay, self.offload = lr, momentum, wire, delay, offload
         self.synced = [local(p).detach().to(device="cpu" if offload else local(p).device, dtype=torch.float32,
                                             copy=True) for _, p in self.named_params()]
         self.velocity = [torch.zeros_like(s) for s in self.synced]
@@ -184,6 +184,10 @@ class DiLoCo(FedAvg):
                 out[key][name] = DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
                                                     shape=p.shape, stride=p.stride()) if isinstance(p, DTensor) else t
         return out
+
+    def device_state(self) -> list[torch.Tensor]:
+        """What this keeps on the device between outer steps (nothing when offloaded): the dry-run counts it."""
+        return [] if self.offload else self.synced + self.velocity
 
     def load_outer_state(self, state: dict) -> None:
         for (name, _), synced, m in zip(self.named_params(), self.synced, self.velocity):

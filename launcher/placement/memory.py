@@ -7,8 +7,8 @@ FSDP then shards that over S. What is held:
 - state, per sharded parameter: the parameter and AdamW's two moments (4 + 8 bytes; 2 + 4 with precision=paper,
   whose parameters are bf16), and its gradient (4 or 2) under pipeline stages, which keep it across
   microbatches (otherwise set_to_none frees it before the activation peak at the start of backward); DiLoCo (or
-  a compressed or streamed exchange) adds its synchronized copy and momentum unless train.outer_offload moves
-  them to host memory;
+  a compressed or streamed exchange) adds its synchronized copy and momentum, fp32 whatever the precision
+  (train.outer), unless train.outer_offload moves them to host memory;
 - gathered: the root unit and two decoder layers (the one computing and the one prefetched) unsharded in the
   compute dtype, with their unsharded gradients before the reduce-scatter (fully_shard copies them out even on
   a one-rank shard group); under pp the whole stage, which torch's pipelining keeps unsharded, gradients
@@ -92,7 +92,7 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     sharded = (root + layers) / L.S
     param_b, compute_b = PARAM_BYTES[L.precision], COMPUTE_BYTES[L.precision]
     grad_b = 4 if L.precision != "paper" else 2
-    state = sharded * (STATE_BYTES[L.precision] - (grad_b if L.P == 1 else 0) + (2 * param_b if L.outer_copy else 0))
+    state = sharded * (STATE_BYTES[L.precision] - (grad_b if L.P == 1 else 0) + (2 * 4 if L.outer_copy else 0))
     layer = stage.layer
     if L.P > 1:  # torch's pipelining keeps the stage unsharded from its first microbatch to its last backward
         gathered = (root + layers) * (compute_b + grad_b)
