@@ -117,3 +117,15 @@ def test_action_dryrun_writes_measured_memory_and_collectives_sharing_runs_of_th
         shard = played[run["run_id"]]["traffic"]["step"]["shard"]
         assert shard["model"] > 0 and shard["dryrun"] == pytest.approx(shard["model"], rel=0.02)
     assert "dry-run" in out.splitlines()[[i for i, line in enumerate(out.splitlines()) if "memory/device" in line][0]]
+
+
+def test_diloco_state_built_with_the_trainer_is_counted(tmp_path):
+    """DiLoCo's synchronized copy and momentum (fp32, each rank's shard) exist before the tracker starts; the
+    dry-run holds them from the build on: 8 B more per local parameter than FedAvg's."""
+    peaks = {}
+    for outer in ("fedavg", "diloco"):
+        raw = _spec({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 2, "A": 4, "train": {"outer": outer}}, tmp_path)
+        peaks[outer] = dryrun(RunSpec.from_dict(raw))["peak_bytes"]
+    local = peaks["fedavg"]["build"] / 4  # fp32 parameters, sharded (FSDP pads them: the copies are a bit less)
+    for phase in ("build", "step"):
+        assert peaks["diloco"][phase] - peaks["fedavg"][phase] == pytest.approx(8 * local, rel=1e-3), phase

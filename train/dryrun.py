@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.nn.modules.module import register_module_forward_pre_hook
@@ -236,8 +236,10 @@ def exercise(trainer: loop.Trainer, watch: Watch) -> dict[str, int]:
     for group in trainer.optimizer.param_groups:
         group["foreach"] = False  # module docstring
     tracker = FSDPMemTracker(trainer.model, trainer.optimizer)
-    if trainer.fedavg is not None:  # held since the trainer was built: DiLoCo's synchronized copy and momentum
-        tracker.track_external(*trainer.fedavg.device_state())
+    # held since the trainer was built: DiLoCo's synchronized copy and momentum, counted as optimizer state
+    # (FSDPMemTracker's track_external is a no-op, MemTracker's names a category FSDPMemTracker lacks)
+    for t in trainer.fedavg.device_state() if trainer.fedavg is not None else []:
+        tracker._update_and_maybe_create_winfos(t, _FSDPRefType.OPT)
     peaks = Peaks(tracker)
     # the tracker refuses a module called twice between resets (evaluation batches, microbatches): reset first
     # (a global hook registered before the tracker's own global hooks runs before them)
