@@ -184,7 +184,6 @@ class StepTime:
     full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
     step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
     compute_source: str
-    wire_bytes: dict         # {per: {group: bytes}} each rank sends per step and per aggregation (wire_bytes)
 
 
 def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 1,
@@ -299,4 +298,4 @@ def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shap
     no_overlap = hidden + exposed_compute + shard + replicate + exposed
     full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed
     return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
-                    full_overlap if overlap else no_overlap, source, wire_bytes(moved, ranks))
+                    full_overlap if overlap else no_overlap, source)
