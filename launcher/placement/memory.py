@@ -5,31 +5,35 @@ Per rank, a pipeline stage holds ceil(L / pp) layers, each split over tp ranks (
 block; the norms are ignored), and the embedding (first stage) or the vocabulary-split lm_head (last stage);
 FSDP then shards that over S. What is held:
 - state, per sharded parameter: the parameter and AdamW's two moments (4 + 8 bytes; 2 + 4 with precision=paper,
-  whose parameters are bf16), and its gradient (4 or 2) under pipeline stages, which keep it across
-  microbatches (otherwise set_to_none frees it before the activation peak at the start of backward); DiLoCo (or
-  a compressed or streamed exchange) adds its synchronized copy and momentum, fp32 whatever the precision
-  (train.outer), unless train.outer_offload moves them to host memory;
+  whose parameters are bf16; set_to_none frees the sharded gradient before the activation peak at the start of
+  backward); DiLoCo (or a compressed or streamed exchange) adds its synchronized copy and momentum, fp32 whatever
+  the precision (train.outer), unless train.outer_offload moves them to host memory;
 - gathered: the root unit and two decoder layers (the one computing and the one prefetched) unsharded in the
-  compute dtype, with their unsharded gradients before the reduce-scatter (fully_shard copies them out even on
-  a one-rank shard group); under pp the whole stage, which torch's pipelining keeps unsharded, gradients
-  included, from the first microbatch's forward to the last one's backward;
+  compute dtype, with two layers' unsharded gradients before their reduce-scatter (fully_shard copies them out
+  even on a one-rank shard group). Under pp, torch's pipelining turns FSDP's gradient reduction and resharding
+  after backward off until the last microbatch: every layer of the stage keeps its unsharded gradient from the
+  first backward on, and its unsharded parameters until the next forward (see _stage: the peak is the start of a
+  backward, either with the stage resharded and every microbatch in flight, or, on the first stage, the whole
+  stage unsharded with one microbatch fewer);
 - activations saved for backward, per token and layer (counted with autograd's saved-tensor hooks on
   transformers' Llama block, sdpa keeping no score matrix): 5h not split by tp (the block input, the norms'
   normalised inputs and outputs, the attention residual), then 3h + 2h_kv for attention (q and the output
   before and after o_proj's reshape; k, v) and 4i for the MLP (gate, SiLU, up, product), split by tp; with
   sequence parallelism the 5h are split by tp too, and the all-gathered inputs of attention and the MLP (2h)
   are saved whole;
-- the loss: the fp32 log-softmax and its gradient (8 bytes per logit), and under tp the rank's vocabulary slice
-  of the logits and their gathered copy; it peaks at the start of backward, while every layer's activations
-  are held, except with activation checkpointing, where each layer keeps only its input and one layer's
-  activations are live while it is recomputed, after the loss is freed (the larger of the two counts).
-  Tokens in flight: the rank's batch; under pp, GPipe keeps every microbatch, 1F1B at most pp of them on the
-  first stage and one on the last;
+- the loss: the fp32 log-softmax kept for backward (4 bytes per logit, for every microbatch in flight) and, for
+  the batch or microbatch in backward, its gradient and the logits' fp32 gradient (8 bytes per logit), with or
+  without tp (the gathered logits take the place of the unsplit ones; measured by the dry-run at tp 2 and 4). It
+  peaks at the start of backward, while every layer's activations are held, except with activation
+  checkpointing, where each layer keeps only its input and one layer's activations are live while it is
+  recomputed, after the loss is freed (the larger of the two counts). Tokens in flight: the rank's batch; under pp, GPipe keeps every microbatch, 1F1B at most pp
+  of them on the first stage and one on the last;
 - the FedAvg flat buffer: the rank's shard up to train.federated's chunk (twice for a 16-bit exchange).
 Gloo's own scratch copies, made in its worker threads, are not counted (NCCL reduces in place).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from launcher.placement.steptime import Shapes, stage_shapes
@@ -38,6 +42,9 @@ from train.spec import FEDAVG_CHUNK_BYTES, RunSpec
 STATE_BYTES = {"fp32": 16, "bf16": 16, "paper": 8}  # parameter + gradient + AdamW's two moments, per parameter
 PARAM_BYTES = {"fp32": 4, "bf16": 4, "paper": 2}     # as stored (bf16 keeps fp32 master weights)
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "paper": 2}   # gathered parameters and activations
+# per logit at the start of backward: the fp32 log-softmax kept for backward, then its gradient and the logits'
+# fp32 gradient (the dry-run at 8B: 12.3 B in all with checkpointing, 16.4 B without)
+LOSS_SAVED_BYTES, LOSS_GRAD_BYTES = 4, 8
 
 
 @dataclass(frozen=True)
@@ -88,34 +95,60 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     """Peak bytes of the device holding the most (module docstring)."""
     L = layout
     stage = stage_shapes(Shapes.of(llama_kwargs), L.P, L.T)
-    root, layers = stage.root, stage.layers * stage.layer
+    root, layers, layer = stage.root, stage.layers * stage.layer, stage.layer
     sharded = (root + layers) / L.S
     param_b, compute_b = PARAM_BYTES[L.precision], COMPUTE_BYTES[L.precision]
     grad_b = 4 if L.precision != "paper" else 2
-    state = sharded * (STATE_BYTES[L.precision] - (grad_b if L.P == 1 else 0) + (2 * 4 if L.outer_copy else 0))
-    layer = stage.layer
-    if L.P > 1:  # torch's pipelining keeps the stage unsharded from its first microbatch to its last backward
-        gathered = (root + layers) * (compute_b + grad_b)
-    else:  # fully_shard copies out even on one rank
-        gathered = (root + 2 * layer) * compute_b + 2 * layer * grad_b
-    in_flight = L.batch * L.seq_len
-    if L.P > 1 and L.schedule == "1f1b":
-        in_flight *= min(L.microbatches, L.P) / L.microbatches
-    micro = L.batch * L.seq_len / (L.microbatches if L.P > 1 else 1)
-    per_token = _per_token_layer(llama_kwargs, L.T, L.sequence_parallel)
-    logits_tokens = micro if L.P > 1 and L.schedule == "1f1b" else L.batch * L.seq_len
-    loss = logits_tokens * llama_kwargs["vocab_size"] * (8 + (compute_b * (1 + 1 / L.T) if L.T > 1 else 0))
-    if L.checkpointing:
-        saved = in_flight * stage.layers * llama_kwargs["hidden_size"] * compute_b
-        peak = saved + max(loss, micro * per_token * compute_b)
-    else:
-        saved = in_flight * stage.layers * per_token * compute_b
-        peak = saved + loss if L.P == 1 else max(saved, loss)  # the first stage holds the most, the last the loss
+    state = sharded * (STATE_BYTES[L.precision] - grad_b + (2 * 4 if L.outer_copy else 0))
     buffers = 0.0
     if L.federated:
-        shard_bytes = sharded * param_b
-        buffers = min(shard_bytes, FEDAVG_CHUNK_BYTES) * (2 if param_b == 2 else 1)
-    return Memory(state, gathered, peak, buffers)
+        buffers = min(sharded * param_b, FEDAVG_CHUNK_BYTES) * (2 if param_b == 2 else 1)
+    per_token = _per_token_layer(llama_kwargs, L.T, L.sequence_parallel) * compute_b
+    working = (root + 2 * layer) * compute_b  # the root and the layer computing and the one prefetched
+    activations = functools.partial(_activations, llama_kwargs, L, stage.layers, per_token)
+    if L.P == 1:  # fully_shard copies out even on one rank; the two layers' gradients before their reduce-scatter
+        tokens = L.batch * L.seq_len
+        return Memory(state, working + 2 * layer * grad_b, activations(tokens, tokens, tokens),
+                      buffers)
+    unsharded = (root + layers) * (compute_b + grad_b)
+    return max((_stage(L, activations, working, unsharded, (root + layers) * grad_b, last, state, buffers)
+                for last in (False, True)), key=lambda m: m.total)
+
+
+def _stage(L: Layout, activations, working: float, unsharded: float, grads: float, last: bool, state: float,
+           buffers: float) -> Memory:
+    """The first or the last pipeline stage at its peak. Torch's pipelining turns FSDP's gradient reduction and
+    its resharding after backward off until the last microbatch: each layer keeps its unsharded gradient from the
+    first backward on, and its unsharded parameters until the next forward reshards them. The peak is at the start
+    of a backward, with k microbatches in flight (GPipe: all m; 1F1B: P on the first stage, one on the last):
+    either one that follows a forward (k microbatches, the layers resharded, their gradients held unless it is the
+    first backward) or, on the first stage, the first not preceded by a forward (k - 1 microbatches, the whole
+    stage unsharded with its gradients)."""
+    m = L.microbatches
+    k = m if L.schedule == "gpipe" else (1 if last else min(m, L.P))
+    micro = L.batch * L.seq_len / m
+
+    def held(n: int) -> float:  # n microbatches' activations, and the last stage's loss over them
+        return activations(n * micro, n * micro if last else 0.0, micro)
+
+    after_forward = Memory(state, working + (grads if m > k else 0.0), held(k), buffers)
+    if k == 1:
+        return after_forward
+    return max(after_forward, Memory(state, unsharded, held(k - 1), buffers), key=lambda mem: mem.total)
+
+
+def _activations(llama_kwargs: dict, L: Layout, n_layers: int, per_token: float, tokens: float,
+                 logits_tokens: float, live_tokens: float) -> float:
+    """Bytes held at the start of a backward: what `tokens` saved through `n_layers` layers, the loss's saved
+    tensors over `logits_tokens` and its gradients over `live_tokens` (the batch, or the microbatch in backward);
+    with activation checkpointing each layer keeps only its input, and `live_tokens` through one layer are live
+    while it is recomputed, after the loss is freed."""
+    loss = (logits_tokens * LOSS_SAVED_BYTES + live_tokens * LOSS_GRAD_BYTES) * llama_kwargs["vocab_size"] \
+        if logits_tokens else 0.0
+    if L.checkpointing:
+        return tokens * n_layers * llama_kwargs["hidden_size"] * COMPUTE_BYTES[L.precision] + max(
+            loss, live_tokens * per_token)
+    return tokens * n_layers * per_token + loss
 
 
 def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False) -> float:
