@@ -65,8 +65,7 @@ def main() -> None:
     ap.add_argument("--preset", default="small")
     args = ap.parse_args()
     spec = {"strategy": "fsdp", "F": 1, "R": 1, "S": 4, "out_dir": "/nonexistent", "model": {"preset": args.preset},
-            "train": {"steps": args.steps, "seq_len": 128, "batch_per_rank": 2, "timing": "end_to_end",
-                      "log_every": 10}}
+            "train": {"steps": args.steps, "seq_len": 128, "batch_per_rank": 2, "log_every": 10}}
     bare, ours = max(run_ranks(_worker, 4, spec, args.steps, args.rounds), key=lambda x: x[1])
     print(f"model={args.preset} ranks=4 (fsdp) steps={args.steps}x{args.rounds}")
     print(f"bare fully_shard loop   step {bare * 1e3:8.2f} ms (median over rounds)")

@@ -177,7 +177,7 @@ def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTim
     t = run.spec.train
     batch, micro = spread(run, layout)
     return predictor.step(*layout[:5], run.spec.model.llama_kwargs, comm_model(run), batch, t.seq_len,
-                          t.precision, t.timing, placement, *layout[5:], micro, t.sequence_parallel, t.pp_schedule)
+                          t.precision, placement, *layout[5:], micro, t.sequence_parallel, t.pp_schedule)
 
 
 def model_sent_bytes(run: Run) -> dict[str, dict[str, float]]:

@@ -103,7 +103,7 @@ class Predictor:
         return None
 
     def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
-             batch: int, seq_len: int, precision: str, timing: str, placement: Placement, P: int = 1, T: int = 1,
+             batch: int, seq_len: int, precision: str, placement: Placement, P: int = 1, T: int = 1,
              microbatches: int = 1, sequence_parallel: bool = False, schedule: str = "1f1b") -> StepTime:
         """`batch`: sequences per data-parallel rank. A probe written before barriers were timed prices them at
         nothing."""
@@ -114,4 +114,4 @@ class Predictor:
         return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, placement.loads, self.network,
                          self.compute(llama_kwargs, batch, seq_len, precision, mp, schedule),
                          overlap=self.cluster.device == "cuda",
-                         sync_s=sync_seconds(barrier_s, timing == "phases", F, A), mp=mp)
+                         sync_s=sync_seconds(barrier_s, F, A), mp=mp)

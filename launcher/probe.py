@@ -101,8 +101,8 @@ def table(probe: dict) -> str:
         lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
                      f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5} "
                      f"{e['link_bytes_per_s'] / GB:>12.4g}")
-    lines.append(f"barrier over all {len(probe['hosts'])} ranks: {probe['barrier_s'] * 1e6:.1f} us (a run pays one "
-                 f"per phase boundary with train.timing=phases, and one per FedAvg for its non-finite check)")
+    lines.append(f"barrier over all {len(probe['hosts'])} ranks: {probe['barrier_s'] * 1e6:.1f} us (a federated run "
+                 f"pays one per FedAvg, for its non-finite check)")
     for w in probe["compute"]:
         per = {k: w["root"][k] + w["model"]["num_hidden_layers"] * w["layer"][k] for k in w["root"]}
         lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "

@@ -68,5 +68,5 @@ def test_skip_step_drops_the_poisoned_update_on_every_rank(outer, tmp_path):
     ranks = run_ranks(_poisoned_run, 2, str(tmp_path), {**OUTERS[outer], "on_nonfinite": "skip_step"})
     assert all(r["error"] is None and r["finite"] for r in ranks)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]  # one model after the final FedAvg
-    result = ranks[0]["result"]
+    result = ranks[0]["result"]  # group 1 dropped the step, group 0 (rank 0) did not need to wait for it
     assert result["skipped_steps"] == 1 and math.isfinite(result["eval_ppl"])

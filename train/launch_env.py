@@ -126,13 +126,24 @@ def init(env: DistEnv, device: str, backend: str, run_dir: Path, timeout_s: floa
     if env.rank != 0:  # torch would retry with a C++ backtrace per attempt on stderr; say it in one line instead
         wait_listening(env, addr, port, where, timeout_s)
     try:
+        # device_id: NCCL creates its communicators here, not inside step 0 (which would count in tokens/s)
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=env.rank,
-                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s))
+                                world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s),
+                                device_id=torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None)
     except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError: rank 0 gone, or a rank never came
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise FedshardError(f"rank {env.rank} of {env.world_size}: rendezvous at tcp://{addr}:{port} (from {where}) "
                             f"failed within train.timeout_s={timeout_s:g} s: {reason[:300]}") from None
     return backend
+
+
+def apply_timeout(timeout_s: float) -> None:
+    """Give every process group this rank is in (the mesh's dimensions, flattened meshes, the guard's) the run's
+    timeout: torch gives each group after the default one its own default (10 min NCCL, 30 min gloo)."""
+    c10d = dist.distributed_c10d
+    for group in list(c10d._world.pg_map):
+        if not c10d._rank_not_in_group(group):
+            c10d._set_pg_timeout(datetime.timedelta(seconds=timeout_s), group)
 
 
 def wait_listening(env: DistEnv, addr: str, port: int, where: str, timeout_s: float) -> None:

@@ -66,8 +66,7 @@ class Trainer:
                 self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
                                      c.aggregation_dtype, c.outer_fragments, c.outer_delay,
                                      [(name, p.numel()) for name, p in whole.named_parameters()], **shared)
-        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device)
-        self.clock = metrics.PhaseClock(self.cfg.timing == "phases", device)
+        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device, self.mesh)
         is_writer = out_dir is not None and rank == 0
         # every last pipeline stage holds its pipeline's loss; the other stages log 0 and are not counted
         self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world // self.dims.P,
@@ -113,23 +112,27 @@ class Trainer:
     def batch(self, step: int) -> torch.Tensor:
         ids = self.source.train_batch(stream=self.data_rank, step=step, batch=self.cfg.batch_per_rank,
                                       seq_len=self.cfg.seq_len)
+        if self.device == "cuda":  # from pinned memory, queued: a copy from pageable memory waits for the device
+            return ids.pin_memory().to(self.device, non_blocking=True)
         return ids.to(self.device)
 
     def step(self, step: int) -> torch.Tensor:
-        """One optimizer step (0-based index) and, when due, FedAvg. Returns the local loss."""
+        """One optimizer step (0-based index) and, when due, FedAvg. Returns the local loss. The phases are marked
+        (metrics.PhaseClock), not waited for: the batch's copy to the device counts in the forward."""
+        mark = self.log.clock.mark
+        marks = [mark()]
         ids = self.batch(step)
         lr = self.schedule.get_last_lr()[0]
         self._enter("forward", step)
-        self.clock.start()
         if self.pipeline is None:
             loss = self.model(input_ids=ids, labels=ids).loss
-            t_fwd = self.clock.lap()
+            marks.append(mark())
             self._enter("backward", step)
             loss.backward()
-            t_bwd = self.clock.lap()
         else:  # the schedule interleaves the microbatches' forwards and backwards: one phase, named forward
             loss = self.pipeline.step(ids)
-            t_fwd, t_bwd = self.clock.lap(), 0.0
+            marks.append(mark())
+        marks.append(mark())
         self._enter("optimizer", step)
         if self.guard.after_backward(step, loss):  # skip_step: every rank drops this update
             self.state.skipped_steps += 1
@@ -139,15 +142,15 @@ class Trainer:
         self.schedule.step()
         self.state.step = step + 1
         self.state.tokens += self.data_world * self.cfg.batch_per_rank * self.cfg.seq_len
-        t_opt = self.clock.lap()
+        marks.append(mark())
         self._enter("aggregation", step)
         if self.fedavg is not None and self.fedavg.due(step + 1):
             self.guard.check("this FedAvg")
         aggregated = self.fedavg is not None and self.fedavg.after_step(step + 1)
         if aggregated:
             self.state.aggregations += 1
-        t_agg = self.clock.lap()
-        self.log.add(step, metrics.StepTimes(t_fwd, t_bwd, t_opt, t_agg), loss, aggregated, lr)
+        marks.append(mark())
+        self.log.add(step, marks, loss, aggregated, lr, self.state.tokens)
         return loss.detach()
 
     def _enter(self, phase: str, step: int) -> None:
@@ -196,7 +199,10 @@ class Trainer:
                 with self._timed_apart("eval"):
                     self.log.add_eval(done, trained, self.evaluate(done)[0])
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
-            stop_asked = stop_asked or (done < self.cfg.steps and stop.agreed(done))
+            # agreed only where the world talks anyway: a step that logs, averages or checkpoints
+            talks = report or (self.fedavg is not None and self.fedavg.due(done)) or \
+                self.checkpointer.due(done, self.cfg.steps)
+            stop_asked = stop_asked or (done < self.cfg.steps and talks and stop.agreed(done))
             # a checkpoint amid a streamed exchange would land it early, and the resume would not be exact
             stopping = stop_asked and done < self.cfg.steps and self.checkpointer.quiet(done)
             save = stopping or self.checkpointer.due(done, self.cfg.steps)
@@ -282,7 +288,8 @@ class Trainer:
             batches = [self.batch(i) for i in range(self.cfg.compute_only_steps + 1)]
             exposed.gather(self.model)
             compute_only = exposed.compute_only_s(self.model, self.optimizer, batches, self.device)
-        maxima = torch.tensor([peak, sent, exchange_s, compute_only], dtype=torch.float64, device=self.device)
+        maxima = torch.tensor([peak, sent, exchange_s, compute_only, self.state.skipped_steps], dtype=torch.float64,
+                              device=self.device)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
         readings = [None] * self.world
         dist.all_gather_object(readings, (joules, energy_source))
@@ -293,7 +300,7 @@ class Trainer:
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
         return self.summary(train_time, eval_ppl, eval_time, int(maxima[0].item()), ranks, backend,
                             {"aggregation_bytes": int(maxima[1].item()), "aggregation_exchange_s": maxima[2].item(),
-                             **efficiency})
+                             "skipped_steps": int(maxima[4].item()), **efficiency})
 
     def _open_meter(self, node: str, machines: list[str]) -> str | None:
         """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id); returns
@@ -311,7 +318,9 @@ class Trainer:
     def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend, measured: dict) -> RunResult:
         spec, cfg = self.spec, self.cfg
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
-        tokens_per_s = tokens / train_time
+        first = self.log.first_step()
+        tokens_per_s = tokens / train_time if first is None else \
+            (tokens - first["tokens"]) / (train_time - first["step_time"])
         n_params = self.params
         mfu = None
         if measured["compute_only_s"] is not None:
@@ -339,7 +348,7 @@ class Trainer:
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
-            skipped_steps=self.state.skipped_steps, **measured)
+            first_step_s=first["step_time"] if first else None, **measured)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
@@ -368,6 +377,7 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     backend = launch_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
         trainer = Trainer(spec, env.rank, device, config, source, out_dir, watchdog_tag=env.job_tag)
+        launch_env.apply_timeout(spec.train.timeout_s)
         result = trainer.run(backend)
         trainer.watchdog.close()
     except BaseException:  # including submitit's exit after a requeue

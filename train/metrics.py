@@ -2,7 +2,7 @@
 
 Per-step numbers are kept locally and reduced in one batch every `log_every`
 steps (times: MAX over ranks, loss: mean over ranks), so measuring adds no
-collective to the training step itself.
+collective, barrier or host synchronisation to the training step itself.
 """
 from __future__ import annotations
 
@@ -22,35 +22,36 @@ from .spec import write_atomic
 
 class _Pending(NamedTuple):
     step: int
-    times: StepTimes
+    marks: list  # the step's phase boundaries (PhaseClock.mark): start, then the end of each phase
     loss: torch.Tensor
     aggregated: bool
     lr: float
+    tokens: int  # trained by the run when this step ended
     elapsed_s: float
 
 
 class PhaseClock:
-    """Laps between phase boundaries; with `barrier` every boundary waits for all ranks (and the GPU)."""
+    """Phase boundaries marked without waiting for anything: on GPU an event recorded on the current stream,
+    which the device stamps when its work gets there; on CPU the host's clock (every op has run when it returns,
+    gloo's waits included). `laps` reads them at log time, when the step logs anyway: timing adds no
+    synchronisation, and no rank waits for another, so federation groups stay uncoupled."""
 
-    def __init__(self, barrier: bool, device: str):
-        self.barrier, self.cuda = barrier, device == "cuda"
-        self.last = 0.0
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
 
-    def _sync(self) -> None:
-        if self.barrier:
-            if self.cuda:
-                torch.cuda.synchronize()
-            dist.barrier()
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
 
-    def start(self) -> None:
-        self._sync()
-        self.last = time.perf_counter()
-
-    def lap(self) -> float:
-        self._sync()
-        now = time.perf_counter()
-        elapsed, self.last = now - self.last, now
-        return elapsed
+    def laps(self, marks: list) -> list[float]:
+        """Seconds between consecutive marks (on GPU, waits for the last one)."""
+        if not self.cuda:
+            return [b - a for a, b in zip(marks, marks[1:])]
+        marks[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
 
 
 class StepLog:
@@ -59,6 +60,7 @@ class StepLog:
 
     def __init__(self, path: Path | None, world_size: int, device: str):
         self.path, self.world_size, self.device = path, world_size, device
+        self.clock = PhaseClock(device)
         self.eval_path = path.with_name("evals.jsonl") if path is not None else None
         self.pending: list[_Pending] = []
         self.rows: list[dict] = []
@@ -85,15 +87,16 @@ class StepLog:
             with self.eval_path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
 
-    def add(self, step: int, times: StepTimes, loss: torch.Tensor, aggregated: bool, lr: float) -> None:
+    def add(self, step: int, marks: list, loss: torch.Tensor, aggregated: bool, lr: float, tokens: int) -> None:
+        """Step `step`'s phase boundaries (self.clock's marks: start, forward, backward, optimizer, aggregation)."""
         elapsed = time.perf_counter() - self.start
-        self.pending.append(_Pending(step, times, loss.detach(), aggregated, lr, elapsed))
+        self.pending.append(_Pending(step, marks, loss.detach(), aggregated, lr, tokens, elapsed))
 
     def flush(self) -> list[dict]:
         if not self.pending:
             return []
-        times = torch.tensor([[*p.times, p.times.step] for p in self.pending], dtype=torch.float64,
-                             device=self.device)
+        laps = [StepTimes(*self.clock.laps(p.marks)) for p in self.pending]
+        times = torch.tensor([[*t, t.step] for t in laps], dtype=torch.float64, device=self.device)
         losses = torch.stack([p.loss.float() for p in self.pending]).to(torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         dist.all_reduce(losses, op=dist.ReduceOp.SUM)
@@ -103,7 +106,7 @@ class StepLog:
             *phases, step_time = t  # each a max over ranks, so step_time is not the sum of the maxima
             row = {"step": p.step + 1, "loss": loss, "ppl": math.exp(min(loss, 700)), "lr": p.lr,
                    **dict(zip(PHASES, phases)), "step_time": step_time, "aggregated": p.aggregated,
-                   "elapsed_s": p.elapsed_s}
+                   "tokens": p.tokens, "elapsed_s": p.elapsed_s}
             new.append(row)
         self.pending.clear()
         self.rows += new
@@ -130,6 +133,12 @@ class StepLog:
     def aggregation_event_stats(self) -> Stats:
         """Mean and std of the aggregation phase over the steps that averaged (the FedAvg events) only."""
         return Stats.of([r["aggregation"] for r in self._timed_rows() if r["aggregated"]])
+
+    def first_step(self) -> dict | None:
+        """The run's first step when others followed it: communicators are created and memory first allocated
+        there, so it is timed apart from throughput (rows before 2026-12 carry no tokens: None)."""
+        rows = self.rows
+        return rows[0] if len(rows) > 1 and rows[0]["step"] == 1 and "tokens" in rows[0] else None
 
     def final_loss(self, window: int) -> float:
         tail = self.rows[-window:]

@@ -2,8 +2,11 @@
 
 SLURM sends submitit's signal (SIGUSR2 by default, `--signal=USR2@90`) to every task before a
 preemption or the time limit, but the tasks receive it at different steps. The handler only
-sets a flag; every `stop_check_every` steps the ranks agree on it with one MAX all_reduce of one
-number, so all of them checkpoint the same step. submitit's task 0 then hands the signal to
+sets a flag; the ranks agree on it with one MAX all_reduce of one number, so all of them
+checkpoint the same step. They agree only on a step whose ranks talk across the world anyway (it
+logs, averages or checkpoints), at least `stop_check_every` steps after the last agreement: a
+quiet step never waits for another federation group. Keep log_every steps well inside the
+signal's lead time. submitit's task 0 then hands the signal to
 submitit's own handler, which calls TrainJob.checkpoint and requeues the job (it resumes from
 this checkpoint); the other tasks wait for the requeue to end them (SLURM) or exit for the local
 controller to restart. Without submitit the run ends with a one-line error saying where it stopped.
@@ -32,6 +35,7 @@ class StopRequest:
 
     def __init__(self, device: str, every: int):
         self.every, self.received = every, False
+        self.last = 0  # steps done at the last agreement
         self.signum = stop_signal()
         self.flag = torch.zeros(1, device=device)
         self.previous = signal.signal(self.signum, self._handle)
@@ -40,9 +44,11 @@ class StopRequest:
         self.received = True
 
     def agreed(self, steps_done: int) -> bool:
-        """True on every rank at once when any rank was signalled (checked every `every` steps)."""
-        if steps_done % self.every:
+        """Collective, on a step every rank calls it at (module docstring): True on every rank at once when any
+        rank was signalled; False without asking within `every` steps of the last agreement."""
+        if steps_done - self.last < self.every:
             return False
+        self.last = steps_done
         self.flag.fill_(float(self.received))
         dist.all_reduce(self.flag, op=dist.ReduceOp.MAX)
         return bool(self.flag.item())

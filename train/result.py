@@ -102,7 +102,8 @@ class RunResult:
     tokens: int = _doc("tokens trained over the whole run (every attempt)")
     train_time_s: float = _doc("training wall time of the whole run, every attempt's summed; checkpoints and "
                                "logging excluded")
-    tokens_per_s: float = _doc("tokens / train_time_s")
+    tokens_per_s: float = _doc("tokens / train_time_s, the first step left out when others followed it "
+                               "(first_step_s)")
     tokens_per_s_per_device: float = _doc("tokens_per_s / world_size")
     train_ppl: float = _doc("exp of the mean training loss over the last min(log_every, steps) steps")
     eval_ppl: float = _doc("perplexity on the held-out set after training (after the final FedAvg)")
@@ -112,7 +113,8 @@ class RunResult:
                                     "per step, then mean/std over all steps but the first")
     aggregation_event: Stats = _doc("the aggregation phase over the steps that ran a FedAvg only")
     aggregations: int = _doc("FedAvg events, the final average included")
-    timing: str = _doc("phases (a barrier at each phase boundary) or end_to_end")
+    timing: str = _doc("phases: each boundary an event on the device, read at log time; no barrier (results "
+                       "before 2026-12 timed with a barrier at each boundary)")
     precision: str = _doc("fp32, bf16 or paper")
     params: int = _doc("model parameters")
     peak_memory_bytes: int = _doc("max over ranks: GPU peak allocation, or CPU peak resident set")
@@ -149,8 +151,9 @@ class RunResult:
                                       default=None)
     axes: dict = _doc("the keys a Hydra multirun swept (python -m launcher -m ...) and this run's values, as typed",
                       default_factory=dict)
-    skipped_steps: int = _doc("steps whose update every rank dropped for a non-finite loss or gradient "
-                              "(train.on_nonfinite=skip_step), over every attempt", default=0)
+    skipped_steps: int = _doc("steps whose update a federation group dropped for a non-finite loss or gradient "
+                              "(train.on_nonfinite=skip_step; each group agrees alone), the most of any rank",
+                              default=0)
     tp: int = _doc("tensor-parallel degree (train.tp)", default=1)
     pp: int = _doc("pipeline stages (train.pp)", default=1)
     microbatches: int | None = _doc("microbatches per step and pipeline when pp > 1, else null", default=None)
@@ -167,6 +170,9 @@ class RunResult:
     avg_power_w_per_device: float | None = _doc("energy_j / the last attempt's training time / world_size",
                                                 default=None)
     tokens_per_j: float | None = _doc("tokens of the last attempt / energy_j", default=None)
+    first_step_s: float | None = _doc("the run's first step (max over ranks), where communicators are created and "
+                                      "memory first allocated: in train_time_s, not in tokens_per_s; null when the "
+                                      "run had one step", default=None)
     energy_source: str | None = _doc("nvml: or rapl: (with the number of node readers), or none: which node could "
                                      "not be measured and why", default=None)
     started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "

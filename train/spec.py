@@ -23,7 +23,7 @@ STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 FEDAVG_CHUNK_BYTES = 256 * 2**20
 INT8_BLOCK = 64  # values sharing one scale in an int8 exchange (train.compress): 1 + 4/64 bytes per value
 PRECISIONS = ("fp32", "bf16", "paper")
-TIMINGS = ("phases", "end_to_end")
+TIMINGS = ("phases",)  # device events at phase boundaries, no barrier (train.metrics.PhaseClock)
 INITS = ("auto", "full", "meta")
 OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train.federated, train.outer)
 WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.compress); fp32: as the parameters are
@@ -67,7 +67,8 @@ class TrainConfig:
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
-    stop_check_every: int = 5  # steps between checks for the scheduler's stop signal (then checkpoint, requeue)
+    stop_check_every: int = 5  # fewest steps between agreements on the scheduler's stop signal, each at a step
+                               # that logs, averages or checkpoints (train.preemption); then checkpoint, requeue
     elastic: bool = False  # a resume may change F (fewer federation groups), R or S: train.checkpoint
     tp: int = 1  # tensor-parallel degree: the ranks of one node that split each layer's matrices (train.tensor)
     sequence_parallel: bool = False  # with tp > 1: the norms run on a slice of the sequence (train.tensor)

@@ -12,8 +12,8 @@ What one step sends (train.parallelize: fully_shard on each decoder layer, then 
   broadcast over its replicate group.
 A collective of `size` bytes on n ranks takes alpha + size x busfactor(n) x flows / link at the busiest level
 it crosses, where flows is how many of the layout's concurrent groups share that level's busiest link.
-- synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one at each phase
-  boundary with train.timing=phases (PHASE_BARRIERS), one per FedAvg for the non-finite check (train.nonfinite).
+- synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one per FedAvg, for
+  the non-finite check (train.nonfinite); phases are timed with device events, without barriers (train.metrics).
 With tensor and pipeline parallelism (ModelParallel) a rank holds the largest stage's ceil(L / pp) layers, each
 split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
 - tensor group (tp ranks, one node), per layer and microbatch, as train.tensor's DTensor plan issues them (the
@@ -47,7 +47,6 @@ from train.presets import flops_per_token
 from train.spec import FEDAVG_CHUNK_BYTES
 
 ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
-PHASE_BARRIERS = 5  # train.metrics.PhaseClock: a barrier as each step starts and after each of its four phases
 
 
 @dataclass(frozen=True)
@@ -194,10 +193,10 @@ def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 
             for kind, groups in communicators(F, R, S, P, T).items()}
 
 
-def sync_seconds(barrier_s: float, phases: bool, F: int, A: int | None) -> float:
-    """World-wide synchronisation per step: the phase barriers, and a federated run's non-finite check before
-    each FedAvg, amortised over A."""
-    return barrier_s * ((PHASE_BARRIERS if phases else 0) + (1 / A if F > 1 else 0))
+def sync_seconds(barrier_s: float, F: int, A: int | None) -> float:
+    """World-wide synchronisation per step: a federated run's non-finite check before each FedAvg, amortised
+    over A."""
+    return barrier_s * (1 / A if F > 1 else 0)
 
 
 @dataclass(frozen=True)
