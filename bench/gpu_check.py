@@ -10,7 +10,7 @@ steps of a small Llama through the real entrypoint (`torchrun -m train SPEC.json
    losses averaging after every step (A=1) as never averaging;
 
 and prints per strategy tokens/s per GPU, MFU (peak from --peak-flops, or known for A100/H100/H200), the exposed
-communication per step (step time less compute-only steps' time: train/exposed.py) and tokens per joule (NVML's
+communication per step (time blocked in collectives' waits, train/exposed.py: "-" on GPU) and tokens per joule (NVML's
 energy counter, read once per node; `pip install nvidia-ml-py`, else the reason it is missing is printed).
 Layouts need 2 ranks (FL+HSDP: 4); those that do not fit the node's GPUs are skipped, saying so.
 `--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any

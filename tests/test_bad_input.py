@@ -270,8 +270,8 @@ CASES = [
     ("batch-not-in-microbatches", launcher("train.pp=2", "train.microbatches=3"),
      "the 8 sequences of a data-parallel rank (train.batch_per_rank; the launcher multiplies it by tp x pp) do not "
      "divide into 3 microbatches", None),
-    ("layout-exceeds-memory", launcher("cluster.gpu_memory_GB=0.001"), "fsdp-F1-R1-S4 needs 2.91 MB per device "
-     "(state 419 kB, gathered 854 kB, activations 1.64 MB, buffers 0 B) but a device has 0.001 GB "
+    ("layout-exceeds-memory", launcher("cluster.gpu_memory_GB=0.001"), "fsdp-F1-R1-S4 needs 3.17 MB per device "
+     "(state 419 kB, gathered 854 kB, activations 1.9 MB, buffers 0 B) but a device has 0.001 GB "
      "(cluster.gpu_memory_GB)", None),
     ("memory-reserve-above-device", launcher("cluster.gpu_memory_GB=1", "cluster.memory_reserve_GB=2"),
      "cluster.memory_reserve_GB must be a number >= 0 below cluster.gpu_memory_GB, or null, got 2", None),

@@ -1,5 +1,6 @@
-"""Efficiency fields of result.json: exposed communication from compute-only steps that really run no collective,
-and energy from one counter reader per node (RAPL's sysfs format, wraparound and pauses included)."""
+"""Efficiency fields of result.json: exposed communication from the time the training steps wait for collectives
+(nothing runs after training for it), and energy from one counter reader per node (RAPL's sysfs format,
+wraparound and pauses included)."""
 import time
 
 import pytest
@@ -75,50 +76,48 @@ def test_summary_adds_node_readers_and_names_a_node_without_a_counter():
     assert short["energy_j"] is None and short["energy_source"].startswith("none: training ran under the 1 s")
 
 
-def test_tensor_and_pipeline_layouts_are_not_measured_and_say_why():
-    assert exposed.why_not(1, 1, 3) is None
-    assert exposed.why_not(2, 1, 3).startswith("not measured: tp=2, pp=1")
-    assert exposed.why_not(1, 1, 0) == "not measured: train.compute_only_steps=0"
+def test_gpu_and_tensor_parallel_runs_are_not_measured_and_say_why():
+    assert exposed.why_not("cpu", 1) is None
+    assert exposed.why_not("cpu", 2).startswith("not measured: tp=2")
+    assert exposed.why_not("cuda", 1).startswith("not measured: on GPU")
 
 
 def _run_and_count(rank, world, spec_dict):
-    """The whole run, counting the collectives called while training and while its compute-only steps run."""
+    """The whole run, counting the collectives called after training but outside the final evaluation (the
+    result's few reductions of numbers, no model traffic)."""
     spec = RunSpec.from_dict(spec_dict)
-    calls = {"training": [], "gather": [], "compute-only": []}
-    now = ["training"]
+    trainer = Trainer(spec, rank, "cpu")
+    calls, now = {"training": [], "after": []}, ["before"]
+    for name in COLLECTIVES:
+        setattr(dist, name, (lambda n, fn: lambda *a, **k: (calls.get(now[0], []).append(n), fn(*a, **k))[1])(
+            name, getattr(dist, name)))
 
-    def entered(what, fn):
+    def during(fn, phase: str):
         def call(*args):
-            now[0] = what
+            now[0] = phase
             try:
                 return fn(*args)
             finally:
                 now[0] = "after"
         return call
 
-    def counted(name, fn):
-        return lambda *a, **k: (calls.get(now[0], []).append(name), fn(*a, **k))[1]
-
-    exposed.gather = entered("gather", exposed.gather)
-    exposed.compute_only_s = entered("compute-only", exposed.compute_only_s)
-    for name in COLLECTIVES:
-        setattr(dist, name, counted(name, getattr(dist, name)))
-    return Trainer(spec, rank, "cpu").run("gloo"), calls
+    trainer.train, trainer.evaluate = during(trainer.train, "training"), during(trainer.evaluate, "eval")
+    return trainer.run("gloo"), calls, trainer.log.rows
 
 
 @pytest.mark.parametrize("strategy,layout", [("fsdp", (1, 1, 2)), ("hsdp", (1, 2, 2))])
-def test_compute_only_steps_run_no_collective_and_give_exposed_communication(strategy, layout):
+def test_exposed_communication_is_the_time_the_steps_wait_for_collectives(strategy, layout):
     F, R, S = layout
     spec = {"strategy": strategy, "F": F, "R": R, "S": S, "out_dir": "/nonexistent", "model": {"preset": "tiny"},
             "train": {"steps": 4, "seq_len": 32, "log_every": 2}}
-    (result, calls), *others = run_ranks(_run_and_count, F * R * S, spec)
-    for c in [calls] + [c for _, c in others]:
-        assert {"all_gather_single", "reduce_scatter_single"} <= set(c["training"]), c["training"]
-        assert set(c["gather"]) == {"all_gather_single"} and c["compute-only"] == []
+    (result, calls, rows), *others = run_ranks(_run_and_count, F * R * S, spec)
+    for _, c, _ in [(result, calls, rows)] + others:
+        assert {"all_gather_single", "reduce_scatter_single"} <= set(c["training"])
+        assert not {"all_gather_single", "reduce_scatter_single"} & set(c["after"])  # no gathered pass after it
     assert result.exposed_comm_method == exposed.METHOD
-    assert 0 < result.compute_only_s
-    step_time = result.compute_only_s + result.exposed_comm_s
-    assert step_time == pytest.approx(sum(result.phases[p].mean for p in result.phases), rel=0.5)
+    assert all(0 < r["blocked_s"] < r["step_time"] for r in rows)  # every step waits, and does more than wait
+    assert result.exposed_comm_s == pytest.approx(sum(r["blocked_s"] for r in rows[1:]) / 3)
+    assert result.compute_only_s == pytest.approx(sum(r["step_time"] for r in rows[1:]) / 3 - result.exposed_comm_s)
     if result.energy_j is None:  # this machine has no counter, or trained under a second: the reason is given
         assert result.energy_source.startswith("none: ") and result.tokens_per_j is None
     else:

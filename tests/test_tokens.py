@@ -87,8 +87,7 @@ def test_one_epoch_under_each_strategy_trains_every_block_exactly_once_across_a_
     steps = _source(prepared).n_train // (RANKS * BATCH)
     spec = {"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "out_dir": str(tmp_path / "run"),
             "model": {"preset": "tiny"}, "data": {"kind": "tokens", "path": str(prepared), "epochs": 1},
-            "train": {"steps": steps, "seq_len": SEQ, "batch_per_rank": BATCH, "log_every": 2,
-                      "compute_only_steps": 0}}  # its batches repeat training's: not drawn for training
+            "train": {"steps": steps, "seq_len": SEQ, "batch_per_rank": BATCH, "log_every": 2}}
     out = run_ranks(_train_with_a_resume, RANKS, spec, 2)
     drawn = [d for seen, _ in out for d in seen]
     n = _source(prepared).n_train  # a last partial global batch (n mod 8 blocks) is not trained

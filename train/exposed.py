@@ -1,63 +1,65 @@
-"""Exposed communication, measured: the time a step spends on communication that compute did not hide.
+"""Exposed communication, measured in the training steps themselves: the time the training thread spends blocked
+waiting for collectives, per step.
 
-After training (timed apart, like an evaluation), each rank runs a few more steps of the same model on the same
-batches with no collective in them: every FSDP module keeps its parameters gathered (one all-gather before the
-first of them), gradient sync is off, and the optimizer's local update runs on zero gradients. The step time
-measured during training less that compute-only time is the exposed communication (and waiting) per step; the
-FedAvg exchanges, averaged per step, are part of it. Tensor- and pipeline-parallel layouts are not measured: their
-collectives run inside the layers' forward and backward and cannot be switched off.
+Every c10d collective's wait goes through `Work.wait` (FSDP2's all-gathers and reduce-scatters, HSDP's and
+FedAvg's all-reduces, the pipeline's sends and receives; a blocking call waits on its Work too), so `Blocked`
+wraps that one method while the run trains. On CPU (gloo) each collective runs on gloo's threads while the
+training thread computes or waits: the time it waits is the communication compute did not hide. Nothing runs
+after training for it, so no measurement raises a device's memory above training's own peak. Not measured:
+- on GPU, where a wait makes the stream wait, not the host (a profiler trace of the steps measures it there);
+- with tensor parallelism, whose DTensor collectives wait in functional `wait_tensor` calls, not in Work.wait.
 """
 from __future__ import annotations
 
+import threading
 import time
 
-import torch
-from torch.distributed.fsdp import FSDPModule
-
-from .launch_env import sync_device
+import torch.distributed as dist
 
 NOT_MEASURED = "not measured: {}"
-METHOD = ("compute-only steps after training: FSDP parameters kept gathered, gradient sync off, no collective; "
-          "max over ranks")
+METHOD = ("time the training thread spent blocked in collectives' waits during each training step (max over "
+          "ranks per step, mean over the steps after the first)")
 
 
-def why_not(tp: int, pp: int, steps: int) -> str | None:
-    """Why this layout's exposed communication cannot be measured, or None when it can."""
-    if steps == 0:
-        return NOT_MEASURED.format("train.compute_only_steps=0")
-    if tp > 1 or pp > 1:
-        return NOT_MEASURED.format(f"tp={tp}, pp={pp}: tensor- and pipeline-parallel collectives run inside the "
-                                   "layers and cannot be switched off")
+def why_not(device: str, tp: int) -> str | None:
+    """Why this run's exposed communication cannot be measured, or None when it can."""
+    if device == "cuda":
+        return NOT_MEASURED.format("on GPU a collective's wait holds the stream, not the host; take a profiler "
+                                   "trace of the steps")
+    if tp > 1:
+        return NOT_MEASURED.format(f"tp={tp}: tensor-parallel collectives wait inside DTensor, not in Work.wait")
     return None
 
 
-def gather(model: torch.nn.Module) -> None:
-    """All-gather every FSDP module's parameters once and keep them gathered, with gradient sync off: from here on
-    a forward and backward call no collective. The model is no longer fit for training: call it after the run."""
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_reshard_after_forward(False, recurse=False)
-            module.set_reshard_after_backward(False, recurse=False)
-            module.set_requires_gradient_sync(False, recurse=False)
-            module.unshard()
+class Blocked:
+    """While entered, the seconds the entering thread spent in `Work.wait`, collected by `take` (a streamed
+    exchange's own thread waits overlapped with training, which is not exposed)."""
 
+    def __init__(self):
+        self.seconds = 0.0
+        self._wait = None
+        self._thread = threading.get_ident()
 
-def compute_only_s(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches, device: str) -> float:
-    """Mean seconds of one step (forward, backward, optimizer update) of a `gather`ed model, over `batches` after a
-    warm-up on the first. Changes the optimizer state: call it after the run."""
-    for group in optimizer.param_groups:  # with sync off the sharded parameters get no gradient: zeros stand in
-        for p in group["params"]:
-            p.grad = torch.zeros_like(p)
-    times = []
-    for ids in batches:
-        sync_device(device)
-        start = time.perf_counter()
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        sync_device(device)
-        times.append(time.perf_counter() - start)
-    timed = times[1:] or times
-    for module in model.modules():  # the gathered parameters are freed again
-        if isinstance(module, FSDPModule):
-            module.reshard()
-    return sum(timed) / len(timed)
+    def __enter__(self) -> "Blocked":
+        wait = self._wait = dist.Work.wait
+        self._thread = threading.get_ident()
+
+        def timed(work, *args, **kwargs):
+            if threading.get_ident() != self._thread:
+                return wait(work, *args, **kwargs)
+            started = time.perf_counter()
+            try:
+                return wait(work, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+
+        dist.Work.wait = timed
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dist.Work.wait = self._wait
+
+    def take(self) -> float:
+        """Seconds blocked since the last take."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds

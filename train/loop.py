@@ -6,7 +6,7 @@ import os
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -66,6 +66,8 @@ class Trainer:
                 self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
                                      c.aggregation_dtype, c.outer_fragments, c.outer_delay,
                                      [(name, p.numel()) for name, p in whole.named_parameters()], **shared)
+        # exposed communication: the time each step waits for collectives (None where it cannot be measured)
+        self.blocked = exposed.Blocked() if exposed.why_not(device, self.cfg.tp) is None else None
         self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device, self.mesh)
         is_writer = out_dir is not None and rank == 0
         # every last pipeline stage holds its pipeline's loss; the other stages log 0 and are not counted
@@ -121,6 +123,8 @@ class Trainer:
         (metrics.PhaseClock), not waited for: the batch's copy to the device counts in the forward."""
         mark = self.log.clock.mark
         marks = [mark()]
+        if self.blocked is not None:
+            self.blocked.take()  # the waits since the last step (logging, the stop signal) are not this step's
         ids = self.batch(step)
         lr = self.schedule.get_last_lr()[0]
         self._enter("forward", step)
@@ -150,7 +154,8 @@ class Trainer:
         if aggregated:
             self.state.aggregations += 1
         marks.append(mark())
-        self.log.add(step, marks, loss, aggregated, lr, self.state.tokens)
+        self.log.add(step, marks, loss, aggregated, lr, self.state.tokens,
+                     self.blocked.take() if self.blocked is not None else 0.0)
         return loss.detach()
 
     def _enter(self, phase: str, step: int) -> None:
@@ -181,7 +186,8 @@ class Trainer:
         Progress goes to rank 0's stdout every log_every steps."""
         stop = StopRequest(self.device, self.cfg.stop_check_every)
         try:
-            return self._train(stop)
+            with self.blocked if self.blocked is not None else nullcontext():
+                return self._train(stop)
         finally:
             stop.restore()
 
@@ -280,27 +286,21 @@ class Trainer:
         eval_ppl, eval_time = self.evaluate(self.cfg.steps)
         self.log.add_eval(self.cfg.steps, train_time, eval_ppl)
         sent, exchange_s = (self.fedavg.event_bytes, self.fedavg.exchange_s) if self.fedavg is not None else (0, 0.0)
-        peak = metrics.peak_memory_bytes(self.device)  # before the compute-only steps, which hold the model gathered
-        not_measured = exposed.why_not(self.cfg.tp, self.cfg.pp, self.cfg.compute_only_steps)
-        compute_only = 0.0
-        if not_measured is None:
-            self._enter("compute_only", self.cfg.steps)
-            batches = [self.batch(i) for i in range(self.cfg.compute_only_steps + 1)]
-            exposed.gather(self.model)
-            compute_only = exposed.compute_only_s(self.model, self.optimizer, batches, self.device)
-        maxima = torch.tensor([peak, sent, exchange_s, compute_only, self.state.skipped_steps], dtype=torch.float64,
+        peak = metrics.peak_memory_bytes(self.device)
+        maxima = torch.tensor([peak, sent, exchange_s, self.state.skipped_steps], dtype=torch.float64,
                               device=self.device)
         dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
         readings = [None] * self.world
         dist.all_gather_object(readings, (joules, energy_source))
         if self.rank != 0:
             return None
-        efficiency = {"compute_only_s": None if not_measured else maxima[3].item(),
+        not_measured = exposed.why_not(self.device, self.cfg.tp)
+        efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD,
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
         return self.summary(train_time, eval_ppl, eval_time, int(maxima[0].item()), ranks, backend,
                             {"aggregation_bytes": int(maxima[1].item()), "aggregation_exchange_s": maxima[2].item(),
-                             "skipped_steps": int(maxima[4].item()), **efficiency})
+                             "skipped_steps": int(maxima[3].item()), **efficiency})
 
     def _open_meter(self, node: str, machines: list[str]) -> str | None:
         """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id); returns
@@ -323,8 +323,8 @@ class Trainer:
             (tokens - first["tokens"]) / (train_time - first["step_time"])
         n_params = self.params
         mfu = None
-        if measured["compute_only_s"] is not None:
-            measured["exposed_comm_s"] = self.log.mean_step_time() - measured["compute_only_s"]
+        if measured["exposed_comm_s"] is not None:
+            measured["compute_only_s"] = self.log.mean_step_time() - measured["exposed_comm_s"]
         if spec.peak_flops:
             per_token = models.flops_per_token(self.config, n_params, cfg.seq_len)
             mfu = per_token * tokens_per_s / (self.world * spec.peak_flops)

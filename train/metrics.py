@@ -27,6 +27,7 @@ class _Pending(NamedTuple):
     aggregated: bool
     lr: float
     tokens: int  # trained by the run when this step ended
+    blocked_s: float  # in collectives' waits (train.exposed), 0 where not measured
     elapsed_s: float
 
 
@@ -87,26 +88,28 @@ class StepLog:
             with self.eval_path.open("a") as fh:
                 fh.write(json.dumps(row) + "\n")
 
-    def add(self, step: int, marks: list, loss: torch.Tensor, aggregated: bool, lr: float, tokens: int) -> None:
+    def add(self, step: int, marks: list, loss: torch.Tensor, aggregated: bool, lr: float, tokens: int,
+            blocked_s: float = 0.0) -> None:
         """Step `step`'s phase boundaries (self.clock's marks: start, forward, backward, optimizer, aggregation)."""
         elapsed = time.perf_counter() - self.start
-        self.pending.append(_Pending(step, marks, loss.detach(), aggregated, lr, tokens, elapsed))
+        self.pending.append(_Pending(step, marks, loss.detach(), aggregated, lr, tokens, blocked_s, elapsed))
 
     def flush(self) -> list[dict]:
         if not self.pending:
             return []
         laps = [StepTimes(*self.clock.laps(p.marks)) for p in self.pending]
-        times = torch.tensor([[*t, t.step] for t in laps], dtype=torch.float64, device=self.device)
+        times = torch.tensor([[*t, t.step, p.blocked_s] for t, p in zip(laps, self.pending)], dtype=torch.float64,
+                             device=self.device)
         losses = torch.stack([p.loss.float() for p in self.pending]).to(torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)
         dist.all_reduce(losses, op=dist.ReduceOp.SUM)
         losses /= self.world_size
         new = []
         for p, t, loss in zip(self.pending, times.tolist(), losses.tolist()):
-            *phases, step_time = t  # each a max over ranks, so step_time is not the sum of the maxima
+            *phases, step_time, blocked_s = t  # each a max over ranks: step_time is not the sum of the maxima
             row = {"step": p.step + 1, "loss": loss, "ppl": math.exp(min(loss, 700)), "lr": p.lr,
                    **dict(zip(PHASES, phases)), "step_time": step_time, "aggregated": p.aggregated,
-                   "tokens": p.tokens, "elapsed_s": p.elapsed_s}
+                   "tokens": p.tokens, "blocked_s": blocked_s, "elapsed_s": p.elapsed_s}
             new.append(row)
         self.pending.clear()
         self.rows += new
@@ -129,6 +132,12 @@ class StepLog:
         """Mean step time (max over ranks per step) over the steps phase statistics cover."""
         rows = self._timed_rows()
         return sum(r["step_time"] for r in rows) / len(rows)
+
+    def mean_blocked_s(self) -> float:
+        """Mean time blocked in collectives' waits (max over ranks per step) over the steps phase statistics
+        cover: the exposed communication (train.exposed)."""
+        rows = self._timed_rows()
+        return sum(r["blocked_s"] for r in rows) / len(rows)
 
     def aggregation_event_stats(self) -> Stats:
         """Mean and std of the aggregation phase over the steps that averaged (the FedAvg events) only."""

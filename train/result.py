@@ -157,13 +157,13 @@ class RunResult:
     tp: int = _doc("tensor-parallel degree (train.tp)", default=1)
     pp: int = _doc("pipeline stages (train.pp)", default=1)
     microbatches: int | None = _doc("microbatches per step and pipeline when pp > 1, else null", default=None)
-    compute_only_s: float | None = _doc("one step's time with no collective in it, measured after training on the "
-                                        "same ranks and batches (max over ranks); null when not measured",
-                                        default=None)
-    exposed_comm_s: float | None = _doc("communication (and waiting) compute did not hide, per step: the mean step "
-                                        "time less compute_only_s; FedAvg events count, averaged per step. Measured, "
-                                        "never modelled; null when not measured", default=None)
-    exposed_comm_method: str | None = _doc("how compute_only_s was measured, or why it was not", default=None)
+    compute_only_s: float | None = _doc("the mean step time less exposed_comm_s; null when not measured (results "
+                                        "before 2026-12: compute-only steps run after training)", default=None)
+    exposed_comm_s: float | None = _doc("communication (and waiting) compute did not hide, per step: the time the "
+                                        "training thread spent blocked in collectives' waits (max over ranks per "
+                                        "step, mean over the steps after the first); FedAvg events count, averaged "
+                                        "per step. Measured, never modelled; null when not measured", default=None)
+    exposed_comm_method: str | None = _doc("how exposed_comm_s was measured, or why it was not", default=None)
     energy_j: float | None = _doc("joules of the last attempt's training time (checkpoints, logging and evaluations "
                                   "left out), summed over one counter reader per node; null when any node has no "
                                   "counter (energy_source says why): never estimated from a TDP", default=None)

@@ -23,6 +23,7 @@ STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 FEDAVG_CHUNK_BYTES = 256 * 2**20
 INT8_BLOCK = 64  # values sharing one scale in an int8 exchange (train.compress): 1 + 4/64 bytes per value
 PRECISIONS = ("fp32", "bf16", "paper")
+RETIRED_TRAIN_KEYS = ("compute_only_steps",)  # measured nothing the run did not do already (train.exposed)
 TIMINGS = ("phases",)  # device events at phase boundaries, no barrier (train.metrics.PhaseClock)
 INITS = ("auto", "full", "meta")
 OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train.federated, train.outer)
@@ -76,7 +77,6 @@ class TrainConfig:
     microbatches: int = 0  # per step and pipeline (0: one per stage); the per-rank batch divides into them
     pp_schedule: str = "1f1b"  # gpipe: all forwards, then all backwards; 1f1b: interleaved, fewer activations held
     activation_checkpointing: bool = False  # keep each layer's input only; recompute the rest in backward
-    compute_only_steps: int = 3  # after training: steps with no collective, timed for exposed_comm_s (0: none)
 
     @property
     def n_microbatches(self) -> int:
@@ -136,9 +136,6 @@ class TrainConfig:
         if self.streamed and self.average_optimizer_state:
             raise SpecError("train.outer_fragments/outer_delay stream pseudo-gradients, which optimizer moments have "
                             "none of: use them with train.average_optimizer_state=false")
-        if not isinstance(self.compute_only_steps, int) or isinstance(self.compute_only_steps, bool) \
-                or self.compute_only_steps < 0:
-            raise SpecError(f"train.compute_only_steps must be an integer >= 0, got {self.compute_only_steps!r}")
         if not isinstance(self.microbatches, int) or isinstance(self.microbatches, bool) or self.microbatches < 0:
             raise SpecError(f"train.microbatches must be an integer >= 0 (0: one per stage), got {self.microbatches!r}")
         if self.n_microbatches < self.pp:
@@ -257,6 +254,8 @@ class RunSpec:
         raw = dict(raw)
         train = raw.pop("train", {}) or {}
         reject_unknown("spec", raw, _names(cls))
+        for key in RETIRED_TRAIN_KEYS:  # stored spec.json files that still carry them load as they ran
+            train.pop(key, None)
         reject_unknown("train", train, _names(TrainConfig))
         missing = [k for k in ("strategy", "F", "R", "S", "out_dir") if k not in raw]
         if missing:
