@@ -50,7 +50,9 @@ def test_rank_sigkilled_while_writing_a_checkpoint_then_rerun_resumes_exactly(tm
     # The result covers the whole run, the first attempt's 42 steps included, on one clock.
     assert result.tokens == reference_result.tokens
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert result.train_time_s >= 0.95 * sum(r["step_time"] for r in rows)  # 42 of 120 steps would be 35 % short
+    # 42 of 120 steps would be 35 % short; each row is a max over ranks, which no barrier aligns: their sum runs
+    # ahead of the wall clock by the ranks' skew
+    assert result.train_time_s >= 0.8 * sum(r["step_time"] for r in rows)
     assert all(a["elapsed_s"] < b["elapsed_s"] for a, b in zip(rows, rows[1:]))
 
     # The last step was checkpointed: a restart after it (pre-empted while evaluating) trains nothing again.

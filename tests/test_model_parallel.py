@@ -132,8 +132,8 @@ def test_stopped_with_tp_and_pp_then_rerun_resumes_exactly(tmp_path):
     scheduler's signal after step 10, between two FedAvgs (every group's model and optimizer saved apart), it
     resumes to the losses of an uninterrupted run, bit for bit; result.json records the layout. (Without sequence
     parallelism, tests/test_elastic.py resumes tp = 2 x pp = 2 on another layout.)"""
-    spec = _spec("fl_fsdp", 2, 1, 1, A=4, tp=2, pp=2, microbatches=2, pp_schedule="gpipe", steps=16, log_every=4,
-                 stop_check_every=1, eval_every=8, sequence_parallel=True)
+    spec = _spec("fl_fsdp", 2, 1, 1, A=4, tp=2, pp=2, microbatches=2, pp_schedule="gpipe", steps=16, log_every=2,
+                 stop_check_every=1, eval_every=8, sequence_parallel=True)  # step 10 logs: the stop is agreed there
     uninterrupted({**spec, "out_dir": str(tmp_path / "reference")})
     stopped = _torchrun(spec, tmp_path, "stopped", entry=["tests.stop_at_step", "10"])
     assert stopped.wait(timeout=600) != 0 and "after step 10" in stopped.stderr
