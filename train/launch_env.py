@@ -127,9 +127,10 @@ def init(env: DistEnv, device: str, backend: str, run_dir: Path, timeout_s: floa
         wait_listening(env, addr, port, where, timeout_s)
     try:
         # device_id: NCCL creates its communicators here, not inside step 0 (which would count in tokens/s)
+        device_id = torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=env.rank,
                                 world_size=env.world_size, timeout=datetime.timedelta(seconds=timeout_s),
-                                device_id=torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else None)
+                                device_id=device_id)
     except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError: rank 0 gone, or a rank never came
         reason = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise FedshardError(f"rank {env.rank} of {env.world_size}: rendezvous at tcp://{addr}:{port} (from {where}) "

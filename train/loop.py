@@ -206,12 +206,12 @@ class Trainer:
                     self.log.add_eval(done, trained, self.evaluate(done)[0])
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
             # agreed only where the world talks anyway: a step that logs, averages or checkpoints
-            talks = report or (self.fedavg is not None and self.fedavg.due(done)) or \
-                self.checkpointer.due(done, self.cfg.steps)
+            due = self.checkpointer.due(done, self.cfg.steps)
+            talks = report or due or (self.fedavg is not None and self.fedavg.due(done))
             stop_asked = stop_asked or (done < self.cfg.steps and talks and stop.agreed(done))
             # a checkpoint amid a streamed exchange would land it early, and the resume would not be exact
             stopping = stop_asked and done < self.cfg.steps and self.checkpointer.quiet(done)
-            save = stopping or self.checkpointer.due(done, self.cfg.steps)
+            save = stopping or due
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
                 with self._timed_apart("logging"):
                     self.log.flush()
@@ -294,13 +294,14 @@ class Trainer:
         dist.all_gather_object(readings, (joules, energy_source))
         if self.rank != 0:
             return None
+        peak, sent, exchange_s, skipped = maxima.tolist()  # after training: the run's one read of these
         not_measured = exposed.why_not(self.device, self.cfg.tp)
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD,
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
-        return self.summary(train_time, eval_ppl, eval_time, int(maxima[0].item()), ranks, backend,
-                            {"aggregation_bytes": int(maxima[1].item()), "aggregation_exchange_s": maxima[2].item(),
-                             "skipped_steps": int(maxima[3].item()), **efficiency})
+        return self.summary(train_time, eval_ppl, eval_time, int(peak), ranks, backend,
+                            {"aggregation_bytes": int(sent), "aggregation_exchange_s": exchange_s,
+                             "skipped_steps": int(skipped), **efficiency})
 
     def _open_meter(self, node: str, machines: list[str]) -> str | None:
         """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id); returns

@@ -47,12 +47,13 @@ class PhaseClock:
         event.record()
         return event
 
-    def laps(self, marks: list) -> list[float]:
-        """Seconds between consecutive marks (on GPU, waits for the last one)."""
+    def laps(self, steps: list[list]) -> list[list[float]]:
+        """Seconds between consecutive marks, per step. On GPU it waits once, for the last step's last mark: it
+        runs only where the step logs (StepLog.flush), which reads the values anyway."""
         if not self.cuda:
-            return [b - a for a, b in zip(marks, marks[1:])]
-        marks[-1].synchronize()
-        return [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+            return [[b - a for a, b in zip(marks, marks[1:])] for marks in steps]
+        steps[-1][-1].synchronize()
+        return [[a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])] for marks in steps]
 
 
 class StepLog:
@@ -89,7 +90,7 @@ class StepLog:
                 fh.write(json.dumps(row) + "\n")
 
     def add(self, step: int, marks: list, loss: torch.Tensor, aggregated: bool, lr: float, tokens: int,
-            blocked_s: float = 0.0) -> None:
+            blocked_s: float) -> None:
         """Step `step`'s phase boundaries (self.clock's marks: start, forward, backward, optimizer, aggregation)."""
         elapsed = time.perf_counter() - self.start
         self.pending.append(_Pending(step, marks, loss.detach(), aggregated, lr, tokens, blocked_s, elapsed))
@@ -97,7 +98,7 @@ class StepLog:
     def flush(self) -> list[dict]:
         if not self.pending:
             return []
-        laps = [StepTimes(*self.clock.laps(p.marks)) for p in self.pending]
+        laps = [StepTimes(*t) for t in self.clock.laps([p.marks for p in self.pending])]
         times = torch.tensor([[*t, t.step, p.blocked_s] for t, p in zip(laps, self.pending)], dtype=torch.float64,
                              device=self.device)
         losses = torch.stack([p.loss.float() for p in self.pending]).to(torch.float64)

@@ -45,7 +45,7 @@ class Guard:
         grads = [None if p.grad is None else _local(p.grad) for p in self.params]
         present = [g for g in grads if g is not None and g.numel()]
         peaks = iter(torch._foreach_norm(present, math.inf) if present else [])
-        values = [loss.detach().float()] + [next(peaks) if g is not None and g.numel() else self.zero for g in grads]
+        values = [loss.detach()] + [next(peaks) if g is not None and g.numel() else self.zero for g in grads]
         return ~torch.isfinite(torch.stack([v.float() for v in values]))
 
     def after_backward(self, step: int, loss: torch.Tensor) -> bool:

@@ -26,8 +26,8 @@ FSDP then shards that over S. What is held:
   without tp (the gathered logits take the place of the unsplit ones; measured by the dry-run at tp 2 and 4). It
   peaks at the start of backward, while every layer's activations are held, except with activation
   checkpointing, where each layer keeps only its input and one layer's activations are live while it is
-  recomputed, after the loss is freed (the larger of the two counts). Tokens in flight: the rank's batch; under pp, GPipe keeps every microbatch, 1F1B at most pp
-  of them on the first stage and one on the last;
+  recomputed, after the loss is freed (the larger of the two counts). Tokens in flight: the rank's batch; under
+  pp, GPipe keeps every microbatch, 1F1B at most pp of them on the first stage and one on the last;
 - the FedAvg flat buffer: the rank's shard up to train.federated's chunk (twice for a 16-bit exchange).
 Gloo's own scratch copies, made in its worker threads, are not counted (NCCL reduces in place).
 """
@@ -108,8 +108,7 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     activations = functools.partial(_activations, llama_kwargs, L, stage.layers, per_token)
     if L.P == 1:  # fully_shard copies out even on one rank; the two layers' gradients before their reduce-scatter
         tokens = L.batch * L.seq_len
-        return Memory(state, working + 2 * layer * grad_b, activations(tokens, tokens, tokens),
-                      buffers)
+        return Memory(state, working + 2 * layer * grad_b, activations(tokens, tokens, tokens), buffers)
     unsharded = (root + layers) * (compute_b + grad_b)
     return max((_stage(L, activations, working, unsharded, (root + layers) * grad_b, last, state, buffers)
                 for last in (False, True)), key=lambda m: m.total)
