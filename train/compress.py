@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .inflight import Exchange, launched
 from .spec import INT8_BLOCK
 
 # torch >= 2.10 renamed all_gather_into_tensor; the package supports torch from 2.6.
@@ -46,18 +47,17 @@ def decode(payload: list[torch.Tensor], dtype: str) -> torch.Tensor:
     return (q.view(-1, BLOCK).float() * scale[:, None]).view(-1)
 
 
-def mean_over(x: torch.Tensor, F: int, group, dtype: str) -> tuple[torch.Tensor, int]:
-    """(the mean of `x` over the F ranks of `group`, in fp32; the bytes this rank sent). `x`: fp32, its
-    length a multiple of F * BLOCK (`padded`)."""
+def mean_over(x: torch.Tensor, F: int, group, dtype: str) -> Exchange:
+    """An exchange (train.inflight) whose value is (the mean of `x` over the F ranks of `group`, in fp32; the
+    bytes this rank sent). `x`: fp32, its length a multiple of F * BLOCK (`padded`)."""
     sent = encode(x, dtype)
     received = [torch.empty_like(t) for t in sent]
-    for out, inp in zip(received, sent):
-        dist.all_to_all_single(out, inp, group=group)
+    yield from launched(lambda: [dist.all_to_all_single(out, inp, group=group, async_op=True)
+                                 for out, inp in zip(received, sent)])
     mine = decode(received, dtype).view(F, -1).sum(dim=0).div_(F)
     back = encode(mine, dtype)
     gathered = [t.new_empty(F * t.numel()) for t in back]
-    for out, inp in zip(gathered, back):
-        all_gather(out, inp, group=group)
+    yield from launched(lambda: [all_gather(out, inp, group=group, async_op=True) for out, inp in zip(gathered, back)])
     nbytes = sum(t.numel() * t.element_size() for t in sent) * (F - 1) // F \
         + sum(t.numel() * t.element_size() for t in back) * (F - 1)
     return decode(gathered, dtype), nbytes

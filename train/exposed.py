@@ -11,7 +11,6 @@ after training for it, so no measurement raises a device's memory above training
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import torch.distributed as dist
@@ -32,21 +31,17 @@ def why_not(device: str, tp: int) -> str | None:
 
 
 class Blocked:
-    """While entered, the seconds the entering thread spent in `Work.wait`, collected by `take` (a streamed
-    exchange's own thread waits overlapped with training, which is not exposed)."""
+    """While entered, the seconds spent in `Work.wait`, collected by `take` (a streamed exchange waits on the
+    training thread too, where its result is used: what the steps did not hide of it counts)."""
 
     def __init__(self):
         self.seconds = 0.0
         self._wait = None
-        self._thread = threading.get_ident()
 
     def __enter__(self) -> "Blocked":
         wait = self._wait = dist.Work.wait
-        self._thread = threading.get_ident()
 
         def timed(work, *args, **kwargs):
-            if threading.get_ident() != self._thread:
-                return wait(work, *args, **kwargs)
             started = time.perf_counter()
             try:
                 return wait(work, *args, **kwargs)

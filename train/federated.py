@@ -19,14 +19,13 @@ result over its replicate group, so replicas stay bit-identical.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from . import alignment
 from .compress import all_gather
+from .inflight import ExchangeClock
 from .parallelize import local
 from .spec import FEDAVG_CHUNK_BYTES
 
@@ -49,7 +48,13 @@ class FedAvg:
         self.buffer: torch.Tensor | None = None
         self.total: torch.Tensor | None = None  # 16-bit parameters: the fp32 sum of a block of this rank's piece
         self.event_bytes = 0  # what this rank sent over the federation links in the last average
-        self.exchange_s = 0.0  # seconds spent exchanging in all, hidden behind training or not
+        self.clock = ExchangeClock(self.device)
+
+    @property
+    def exchange_s(self) -> float:
+        """Seconds spent exchanging in all, hidden behind training or not, timed where it ran (read after
+        training: on GPU it waits for the device)."""
+        return self.clock.seconds()
 
     def due(self, steps_done: int) -> bool:
         """Whether to average after `steps_done` optimizer steps."""
@@ -102,7 +107,7 @@ class FedAvg:
     def average(self) -> None:
         if not self.checked:
             self.check_alignment(contents=False)
-        self.event_bytes, start = 0, time.perf_counter()
+        self.event_bytes, start = 0, self.clock.mark()
         with torch.no_grad():
             for chunk in self._chunks(self.tensors()):
                 sizes = [t.numel() for t in chunk]
@@ -120,7 +125,7 @@ class FedAvg:
                         torch.div(value.view_as(t), self.F, out=t)  # one pass
                     else:
                         t.copy_(value.view_as(t))
-        self.exchange_s += time.perf_counter() - start
+        self.clock.span(start, self.clock.mark())
 
     def _reduce_across_groups(self, flat: torch.Tensor, received: torch.Tensor | None, summed: bool) -> None:
         """flat <- its sum over the fed group (fp32) or its mean, summed in fp32 (16-bit; module docstring)."""

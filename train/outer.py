@@ -2,8 +2,10 @@
 (train.aggregation_dtype) and streamed (train.outer_fragments, train.outer_delay) exchanges that need its
 synchronized copy.
 
-Every rank keeps the last synchronized copy of its shards (`synced`, fp32; in CPU memory with
-train.outer_offload) and the outer momentum, both shard-sized: nothing is gathered. The groups'
+Every rank keeps the last synchronized copy of its shards (`synced`, fp32) and the outer momentum, both
+shard-sized: nothing is gathered. With train.outer_offload they live in pinned host memory, and each outer step
+brings a tensor's pair to the device with non-blocking copies, updates it there and sends it back the same way:
+the host never computes or waits. The groups'
 pseudo-gradients synced − local are averaged into Δ, and Nesterov SGD gives
 
     m ← μ m + Δ,    synced ← synced − lr (Δ + μ m) = average + (1 − lr) Δ − lr μ m.
@@ -23,8 +25,6 @@ averaged values, so the outer step sends nothing beyond the exchange.
 """
 from __future__ import annotations
 
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -33,16 +33,19 @@ from torch.distributed.tensor import DTensor
 
 from . import compress
 from .federated import FedAvg
+from .inflight import Exchange as Stages
+from .inflight import InFlight, launched, together
 from .parallelize import local
 
 
 @dataclass
 class Exchange:
     """One fragment's exchange in flight: its chunks of tensor indices, this rank's own pseudo-gradients
-    (kept to merge the local progress made while it travelled) and the averaged ones (or their future)."""
+    (kept to merge the local progress made while it travelled) and the averaged ones in flight (None on the
+    replicas that receive them from replica 0)."""
     chunks: list[list[int]]
     own: list[torch.Tensor]
-    averaged: Future | list[torch.Tensor] | None
+    averaged: InFlight | None
     lands_after: int
 
 
@@ -52,15 +55,29 @@ class DiLoCo(FedAvg):
                  whole: list[tuple[str, int]] | None = None, **fedavg):
         super().__init__(model, optimizer, mesh, A, **fedavg)
         self.lr, self.momentum, self.wire, self.delay, self.offload = lr, momentum, wire, delay, offload
-        self.synced = [local(p).detach().to(device="cpu" if offload else local(p).device, dtype=torch.float32,
-                                            copy=True) for _, p in self.named_params()]
-        self.velocity = [torch.zeros_like(s) for s in self.synced]
+        self.synced = [self._home(local(p).detach().to(torch.float32, copy=True)) for _, p in self.named_params()]
+        self.velocity = [self._home(torch.zeros_like(s, device=local(p).device))
+                         for s, (_, p) in zip(self.synced, self.named_params())]
         self.fragments = fragments_of([name for name, _ in self.named_params()],
                                       whole or [(name, p.numel()) for name, p in self.named_params()], fragments)
         self.period = A // fragments  # steps between two launches
         self.streamed = fragments > 1 or delay > 0
         self.pending: Exchange | None = None
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer") if delay else None
+
+    def _home(self, t: torch.Tensor) -> torch.Tensor:
+        """Where a synchronized copy or momentum lives: with the parameters, or pinned in host memory (offload
+        from a GPU), so that copies both ways are asynchronous."""
+        return t.to("cpu").pin_memory() if self.offload and t.device.type == "cuda" else t
+
+    def _fetch(self, i: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tensor i's synchronized copy and momentum on the parameters' device (themselves unless offloaded)."""
+        return (self.synced[i].to(device, non_blocking=True), self.velocity[i].to(device, non_blocking=True))
+
+    def _store(self, i: int, synced: torch.Tensor, velocity: torch.Tensor) -> None:
+        """Send an offloaded pair back to host memory, in stream order (the next fetch reads it after)."""
+        if synced is not self.synced[i]:
+            self.synced[i].copy_(synced, non_blocking=True)
+            self.velocity[i].copy_(velocity, non_blocking=True)
 
     def due(self, steps_done: int) -> bool:
         return steps_done % self.period == 0
@@ -108,36 +125,33 @@ class DiLoCo(FedAvg):
                 index, taken = indices[taken:taken + len(chunk)], taken + len(chunk)
                 size = sum(self.synced[i].numel() for i in index)
                 delta = params[index[0]].new_zeros(compress.padded(size, self.F), dtype=torch.float32)
-                torch.cat([(self.synced[i].to(params[i].device) - params[i].float()).reshape(-1) for i in index],
-                          out=delta[:size])
+                torch.cat([(self.synced[i].to(params[i].device, non_blocking=True) - params[i].float()).reshape(-1)
+                           for i in index], out=delta[:size])
                 chunks.append(index)
                 own.append(delta)
-        exchange = lambda: self._exchange(own)  # noqa: E731
-        averaged = None
-        if self.replica == 0:
-            averaged = self.worker.submit(exchange) if self.delay and steps_done is not None else exchange()
+        averaged = InFlight(self._exchange(own), self.clock) if self.replica == 0 else None
         self.pending = Exchange(chunks, own, averaged, (steps_done or 0) + self.delay)
 
-    def _exchange(self, own: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The mean of every group's pseudo-gradient chunks (replica 0 of each group; maybe in the worker)."""
-        start, out = time.perf_counter(), []
-        for delta in own:
-            if self.wire == "fp32":
-                mean = delta.clone()
-                dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=self.fed_group)
-                out.append(mean.div_(self.F))
-                self.event_bytes += 2 * mean.numel() * 4 * (self.F - 1) // self.F
-            else:
-                mean, sent = compress.mean_over(delta, self.F, self.fed_group, self.wire)
-                out.append(mean)
-                self.event_bytes += sent
-        self.exchange_s += time.perf_counter() - start
-        return out
+    def _exchange(self, own: list[torch.Tensor]) -> Stages:
+        """The mean of every group's pseudo-gradient chunks, all chunks side by side (replica 0 of each group)."""
+        means = yield from together([self._mean(delta) for delta in own])
+        self.event_bytes += sum(sent for _, sent in means)
+        return [mean for mean, _ in means]
+
+    def _mean(self, delta: torch.Tensor) -> Stages:
+        """One chunk's mean over the groups and the bytes this rank sent for it."""
+        if self.wire != "fp32":
+            return (yield from compress.mean_over(delta, self.F, self.fed_group, self.wire))
+        total = delta.clone()
+        yield from launched(lambda: [dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.fed_group,
+                                                     async_op=True)])
+        return total.div_(self.F), 2 * total.numel() * 4 * (self.F - 1) // self.F
 
     def _land(self) -> None:
         pending, self.pending = self.pending, None
-        averaged = pending.averaged.result() if isinstance(pending.averaged, Future) else pending.averaged
-        if averaged is None:  # another replica: replica 0 broadcasts what it received
+        if pending.averaged is not None:
+            averaged = pending.averaged.result()
+        else:  # another replica: replica 0 broadcasts what it received
             averaged = [torch.empty_like(d) for d in pending.own]
         params = [local(p) for _, p in self.named_params()]
         with torch.no_grad():
@@ -147,31 +161,35 @@ class DiLoCo(FedAvg):
                 sizes = [self.synced[i].numel() for i in index]
                 pieces = zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes))
                 for i, d, mine in pieces:
-                    s, p, m = self.synced[i], params[i], self.velocity[i]
-                    d = d.view_as(s).to(s.device)
+                    p = params[i]
+                    s, m = self._fetch(i, p.device)
+                    d = d.view_as(s)
                     # keep what the steps since the launch did locally: p += new - (synced - own)
-                    moved = mine.view_as(s).to(s.device) - s if self.delay else None
+                    moved = mine.view_as(s) - s if self.delay else None
                     m.mul_(self.momentum).add_(d)
                     s.add_(d, alpha=-self.lr).add_(m, alpha=-self.lr * self.momentum)  # s - lr (d + mu m)
                     if moved is None:
                         p.copy_(s)
                         s.copy_(p)  # what every group starts from: rounded to the parameters' dtype
                     else:
-                        p.copy_(p.float().add_(moved.add_(s).to(p.device)))
+                        p.copy_(p.float().add_(moved.add_(s)))
+                    self._store(i, s, m)
 
     def _outer_step_from_average(self) -> None:
         """After FedAvg put the average a in the parameters: m <- mu m + (synced - a), then parameters <-
         a + (1 - lr)(synced - a) - lr mu m (module docstring) and synced <- parameters; five passes over
         memory and no temporary for fp32 parameters (updated in place; others through an fp32 copy)."""
         with torch.no_grad():
-            for (_, param), s, m in zip(self.named_params(), self.synced, self.velocity):
+            for i, (_, param) in enumerate(self.named_params()):
                 p = local(param)
-                work = p if p.dtype == torch.float32 and p.device == s.device else p.to(s.device, torch.float32)
+                s, m = self._fetch(i, p.device)
+                work = p if p.dtype == torch.float32 else p.float()
                 torch.add(s, m, alpha=self.momentum, out=m).sub_(work)  # m <- mu m + (s - a)
                 work.lerp_(s, 1 - self.lr).add_(m, alpha=-self.lr * self.momentum)
                 if work is not p:
                     p.copy_(work)
                 s.copy_(p)  # what every group starts from: the update rounded to the parameters' dtype
+                self._store(i, s, m)
 
     def outer_state(self) -> dict:
         """The synchronized copy and the momentum as DTensors laid out like the parameters, for checkpoints
@@ -180,7 +198,7 @@ class DiLoCo(FedAvg):
         out: dict = {"synced": {}, "momentum": {}}
         for (name, p), synced, m in zip(self.named_params(), self.synced, self.velocity):
             for key, t in (("synced", synced), ("momentum", m)):
-                t = t.to(local(p).device)
+                t = t.to(local(p).device, non_blocking=True)
                 out[key][name] = DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
                                                     shape=p.shape, stride=p.stride()) if isinstance(p, DTensor) else t
         return out
