@@ -9,13 +9,15 @@ steps of a small Llama through the real entrypoint (`torchrun -m train SPEC.json
    (precision=paper) and a learning rate of 1e-30, so the groups never diverge, gives bitwise the same
    losses averaging after every step (A=1) as never averaging;
 
-and prints per strategy tokens/s per GPU, MFU (peak from --peak-flops, or known for A100/H100/H200), the exposed
-communication per step (time blocked in collectives' waits, train/exposed.py: "-" on GPU) and tokens per joule (NVML's
+and prints per strategy tokens/s per GPU, MFU (peak from --peak-flops, or bench/gpu_job.py's table of GPU models),
+the exposed communication per step (the steps' waits on collectives, train/exposed.py) and tokens per joule (NVML's
 energy counter, read once per node; `pip install nvidia-ml-py`, else the reason it is missing is printed).
 Layouts need 2 ranks (FL+HSDP: 4); those that do not fit the node's GPUs are skipped, saying so.
-`--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any
-check fails. Run: python -m bench.gpu_check [--steps 8] [--model small] [--seq-len 256] [--out DIR]
-[--strategies fsdp,hsdp,...] (a subset: a quicker check).
+With `--model PRESET` (llama3_8b: the paper's) it then measures the job itself (bench/gpu_job.py): FSDP over the
+node's GPUs at 2 x 2,048 tokens per GPU, tokens/s, MFU, peak memory against the memory model and the dry-run,
+energy. `--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any
+check fails. Run: python -m bench.gpu_check [--steps 8] [--check-model small] [--seq-len 256] [--out DIR]
+[--strategies fsdp,hsdp,...] (a subset: a quicker check) [--model llama3_8b [--job-steps 20]].
 """
 from __future__ import annotations
 
@@ -29,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from bench import gpu_job
+from train.errors import FedshardError
 from train.result import RunResult
-from train.spec import STRATEGIES
-
-PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, per GPU
+from train.spec import STRATEGIES, RunSpec
 
 
 def layouts(ranks: int) -> dict[str, tuple[int, int, int]]:
@@ -46,10 +48,7 @@ def layouts(ranks: int) -> dict[str, tuple[int, int, int]]:
 
 
 def peak_flops(device: str) -> float | None:
-    if device != "cuda":
-        return None
-    name = torch.cuda.get_device_name()
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    return gpu_job.peak_flops_of(torch.cuda.get_device_name()) if device == "cuda" else None
 
 
 def train(spec: dict, ranks: int, out: Path, device: str) -> tuple[dict, list[float]]:
@@ -78,7 +77,7 @@ def spec(run_id: str, strategy: str, layout, out: Path, args, device: str, preci
     F, R, S = layout
     return {"strategy": strategy, "F": F, "R": R, "S": S, "A": 2 if strategy.startswith("fl_") else None,
             "run_id": run_id, "out_dir": str(out / run_id), "device": device, "backend": "auto",
-            "model": {"preset": args.model}, "peak_flops": args.peak_flops or peak_flops(device),
+            "model": {"preset": args.check_model}, "peak_flops": args.peak_flops or peak_flops(device),
             "train": {"steps": args.steps, "seq_len": args.seq_len, "batch_per_rank": args.batch,
                       "log_every": args.steps, "precision": precision, **train}}
 
@@ -131,7 +130,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     parser.add_argument("--ranks", type=int, default=None, help="default: every GPU of the node")
-    parser.add_argument("--model", default="small", help="model preset (small: ~5 M parameters)")
+    parser.add_argument("--check-model", default="small", help="the checks' model preset (small: ~5 M parameters)")
+    parser.add_argument("--model", default=None, help="measure the job with this model preset (llama3_8b: the "
+                        "paper's; default: no job measurement)")
+    parser.add_argument("--job-steps", type=int, default=20, help="the job's timed steps, after one warm-up step")
+    parser.add_argument("--job-seq-len", type=int, default=2048)
+    parser.add_argument("--job-batch", type=int, default=2, help="the job's sequences per GPU per step")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help="comma-separated subset of the four strategies to check (all)")
@@ -149,6 +153,12 @@ def main(argv=None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch sees no GPU")
+    if args.model:
+        try:
+            RunSpec.from_dict(gpu_job.job_spec(args.model, None, 1, 2, args.job_seq_len, args.job_batch, "cpu",
+                                               Path("/nonexistent"), None))
+        except FedshardError as exc:
+            parser.error(f"--model {args.model}: {exc}")
     args.compare = args.compare or args.steps
     args.ranks = args.ranks or (torch.cuda.device_count() if device == "cuda" else 2)
     if device == "cuda" and args.ranks > torch.cuda.device_count():
@@ -160,6 +170,8 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         ok = check_strategies(args, device, out)
         ok &= check_bf16_average_is_a_no_op(args, device, out) is not False
+        if args.model:
+            ok &= gpu_job.measure(args, device, out, train)
     print("gpu_check: " + ("all checks passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -29,7 +29,7 @@ def _bare(spec: RunSpec, ids: torch.Tensor, steps: int) -> float:
     """Seconds per step of the plainest FSDP2 loop: forward, backward, optimizer step."""
     torch.manual_seed(spec.train.seed)
     model = models.build(models.llama_config(spec.model), "cpu")
-    parallelize.shard(model, meshes.build("cpu", Dims(1, 1, spec.S))["shard"], "fp32")
+    parallelize.shard(model, meshes.build("cpu", Dims(1, 1, spec.S))["shard"], "fp32", "fp32")
     opt = optim.adamw(model.parameters(), spec.train)
     dist.barrier()
     t = time.perf_counter()

@@ -71,7 +71,8 @@ class PlanEntry:
 def comm_model(run: Run) -> Model:
     """Bytes the cost model moves: the run's Llama shapes in its communication precision."""
     t = run.spec.train
-    return model_from_preset(run.spec.model.llama_kwargs, t.precision, t.average_optimizer_state, t.aggregation_dtype)
+    return model_from_preset(run.spec.model.llama_kwargs, t.precision, t.average_optimizer_state, t.aggregation_dtype,
+                             t.reduce_dtype)
 
 
 def node_share(cluster) -> tuple[int, int]:

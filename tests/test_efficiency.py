@@ -1,9 +1,12 @@
 """Efficiency fields of result.json: exposed communication from the time the training steps wait for collectives
 (nothing runs after training for it), and energy from one counter reader per node (RAPL's sysfs format,
-wraparound and pauses included)."""
+wraparound and pauses included; NVML through a test double of nvidia-ml-py's API)."""
+import sys
 import time
+import types
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from train import energy, exposed
@@ -42,6 +45,47 @@ def test_no_rapl_zone_or_an_unreadable_one_says_why(tmp_path):
         energy.RaplCounter(tmp_path)
 
 
+class _FakeNvml(types.ModuleType):
+    """nvidia-ml-py's calls the counter makes, over a node of four GPUs of which the job's ranks use some."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, millijoules: dict[str, int]):
+        super().__init__("pynvml")
+        self.millijoules = millijoules
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str):
+        if uuid not in self.millijoules:
+            raise self.NVMLError(f"Not Found: {uuid}")
+        return uuid
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle) -> int:
+        return self.millijoules[handle]
+
+
+def test_one_reader_per_node_counts_every_gpu_its_nodes_ranks_use(monkeypatch):
+    nvml = _FakeNvml({f"GPU-{i}": 1000 * (i + 1) for i in range(4)})
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    # four ranks on two machines, one GPU each (per-task binding: each rank sees only its own)
+    machines, gpus = ["m1", "m1", "m2", "m2"], ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
+    assert energy.node_gpus(machines, gpus, 0) == ["GPU-0", "GPU-1"]
+    assert energy.node_gpus(machines, gpus, 2) == ["GPU-2", "GPU-3"]
+    assert energy.node_gpus(machines, [None] * 4, 0) == []  # CPU ranks
+    counter = energy.open_counter("cuda", energy.node_gpus(machines, gpus, 0))
+    assert counter.read() == 1.0 + 2.0  # joules of both GPUs of machine m1, not only the reader's own
+    assert "2 GPU(s)" in counter.source
+    nvml.millijoules["GPU-1"] += 5000
+    assert counter.read() == 8.0
+    with pytest.raises(energy.Unavailable, match="Not Found: GPU-9"):
+        energy.NvmlCounter(["GPU-9"])
+    with pytest.raises(energy.Unavailable, match="no GPU of this node"):
+        energy.NvmlCounter([])
+
+
 def test_meter_counts_the_training_windows_only():
     """A 100 W counter: 0.6 s running, 0.5 s paused (a checkpoint), 0.6 s running, sampled every 0.1 s."""
     watts = 100.0
@@ -76,10 +120,54 @@ def test_summary_adds_node_readers_and_names_a_node_without_a_counter():
     assert short["energy_j"] is None and short["energy_source"].startswith("none: training ran under the 1 s")
 
 
-def test_gpu_and_tensor_parallel_runs_are_not_measured_and_say_why():
-    assert exposed.why_not("cpu", 1) is None
+def test_tensor_parallel_runs_are_not_measured_and_say_why():
+    assert exposed.why_not("cpu", 1) is None and exposed.why_not("cuda", 1) is None
     assert exposed.why_not("cpu", 2).startswith("not measured: tp=2")
-    assert exposed.why_not("cuda", 1).startswith("not measured: on GPU")
+
+
+class _Stream:
+    """A CUDA stream as the GPU timing sees it: an id, and events stamped with the device's clock when reached."""
+
+    def __init__(self, ident: int, clock: list):
+        self.cuda_stream, self.clock = ident, clock
+
+    def record_event(self, event):
+        event.at = self.clock[0]
+
+
+class _Event:
+    def __init__(self, enable_timing: bool):
+        self.at = None
+
+    def elapsed_time(self, other) -> float:
+        return (other.at - self.at) * 1e3
+
+
+def test_on_gpu_the_training_streams_stalls_are_timed_and_no_other_streams(monkeypatch):
+    """The GPU path without a GPU: events bracket each wait of the training stream (a Work's wait, or a Stream
+    wait_event), and the stall between them is the step's exposed communication; waits of FSDP2's own streams, or
+    of a streamed exchange's, are not."""
+    clock = [0.0]
+    training, side = _Stream(1, clock), _Stream(2, clock)
+    current = [training]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    blocked = exposed.Blocked("cuda")
+    blocked._stream = training.cuda_stream
+
+    def stall(seconds):
+        def wait(waiter, *args):
+            clock[0] += seconds  # the stream reaches the next event once what it waits for is done
+        return wait
+
+    blocked._timed_on_stream(stall(0.25))(object())  # a Work's wait on the training stream
+    blocked._timed_on_stream(stall(0.5), stream_method=True)(training, _Event(True))
+    blocked._timed_on_stream(stall(4.0), stream_method=True)(side, _Event(True))  # another stream waits
+    current[0] = side
+    blocked._timed_on_stream(stall(8.0))(object())  # a Work's wait inside the exchange stream's context
+    pairs = blocked.take()
+    assert len(pairs) == 2 and exposed.seconds(pairs) == pytest.approx(0.75)
+    assert blocked.take() == []
 
 
 def _run_and_count(rank, world, spec_dict):
@@ -114,7 +202,7 @@ def test_exposed_communication_is_the_time_the_steps_wait_for_collectives(strate
     for _, c, _ in [(result, calls, rows)] + others:
         assert {"all_gather_single", "reduce_scatter_single"} <= set(c["training"])
         assert not {"all_gather_single", "reduce_scatter_single"} & set(c["after"])  # no gathered pass after it
-    assert result.exposed_comm_method == exposed.METHOD
+    assert result.exposed_comm_method == exposed.METHOD["cpu"]
     assert all(0 < r["blocked_s"] < r["step_time"] for r in rows)  # every step waits, and does more than wait
     assert result.exposed_comm_s == pytest.approx(sum(r["blocked_s"] for r in rows[1:]) / 3)
     assert result.compute_only_s == pytest.approx(sum(r["step_time"] for r in rows[1:]) / 3 - result.exposed_comm_s)

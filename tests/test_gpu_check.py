@@ -1,7 +1,9 @@
 """bench.gpu_check, the first command on a GPU node, run on CPU ranks: the same entrypoint, specs and checks."""
+from pathlib import Path
+
 import pytest
 
-from bench import gpu_check
+from bench import gpu_check, gpu_job
 from bench.gpu_check import layouts, main
 from tests import forked
 from tests.support import clean_env
@@ -11,6 +13,23 @@ def test_layouts_fit_the_ranks():
     assert layouts(1) == {"fsdp": (1, 1, 1)}
     assert layouts(2) == {"fsdp": (1, 1, 2), "hsdp": (1, 2, 1), "fl_fsdp": (2, 1, 1)}
     assert layouts(8)["fl_hsdp"] == (2, 2, 2)
+
+
+def test_the_job_uses_the_gpu_models_peak_and_the_layers_that_fit():
+    assert [gpu_job.peak_flops_of(name) for name in ("NVIDIA H100 PCIe", "NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3",
+                                                     "NVIDIA H200", "NVIDIA A100-SXM4-80GB", "Tesla V100")] == \
+        [756e12, 835e12, 989e12, 989e12, 312e12, None]
+    spec = gpu_job.job_spec("llama3_8b", None, 1, 21, 2048, 2, "cuda", Path("/tmp/unused"), None)
+    assert gpu_job.layers_that_fit(spec, 141e9 * gpu_job.USABLE) == (32, 32)  # the 8B unsharded on one H200
+    fewer, whole = gpu_job.layers_that_fit(spec, 80e9 * gpu_job.USABLE)  # not on one 80 GB H100: said so
+    assert whole == 32 and 0 < fewer < 32
+    assert gpu_job.layers_that_fit(spec, None) == (32, 32)
+
+
+def test_an_unknown_job_model_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["--device", "cpu", "--model", "llama9"])
+    assert exit.value.code == 2 and "--model llama9: " in capsys.readouterr().err
 
 
 def test_an_unknown_strategy_is_one_line(capsys):
@@ -29,8 +48,8 @@ def test_gpu_check_on_cpu_ranks_runs_every_check(monkeypatch, capsys):
         return ranks.wait(timeout=600), ranks.stderr
 
     monkeypatch.setattr(gpu_check, "torchrun", forked_torchrun)
-    status = main(["--device", "cpu", "--ranks", "4", "--model", "tiny", "--steps", "2", "--seq-len", "16",
-                   "--strategies", "fsdp,fl_hsdp"])
+    status = main(["--device", "cpu", "--ranks", "4", "--check-model", "tiny", "--steps", "2", "--seq-len", "16",
+                   "--strategies", "fsdp,fl_hsdp", "--model", "tiny", "--job-steps", "2", "--job-seq-len", "32"])
     out = capsys.readouterr().out
     assert status == 0, out
     lines = out.splitlines()
@@ -41,4 +60,10 @@ def test_gpu_check_on_cpu_ranks_runs_every_check(monkeypatch, capsys):
         assert " ms " in row  # exposed communication, measured on every FSDP-based layout
     assert any(line.startswith("energy: ") for line in lines)
     assert any("losses bitwise equal, ok" in line for line in lines)
+    job = [line for line in lines if line.startswith("job: ")]
+    assert job[0].startswith("job: tiny, all layers, FSDP over 4 cpu rank(s), precision paper, 2 x 32 tokens per GPU, "
+                             "2 timed steps"), job
+    assert " tokens/s per GPU, MFU - " in job[1] and "first step " in job[1]
+    assert "memory model 0." in job[2] and "dry-run 0." in job[2]  # predicted for the same spec, in GB
+    assert job[3].startswith("job: energy ")
     assert lines[-1] == "gpu_check: all checks passed"

@@ -14,7 +14,7 @@ def _shard_8b(rank, world):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     config = models.llama_config({"preset": "llama3_8b"})
     model = models.build(config, "meta")
-    parallelize.shard(model, meshes.data_parallel_mesh(meshes.build("cpu", Dims(1, 1, world)), "fsdp"), "fp32")
+    parallelize.shard(model, meshes.data_parallel_mesh(meshes.build("cpu", Dims(1, 1, world)), "fsdp"), "fp32", "fp32")
     params = list(model.parameters())
     return {
         "params": models.count_params(model),

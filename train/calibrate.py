@@ -51,11 +51,16 @@ def _step(model, optimizer, ids, device: str) -> tuple[float, float, float]:
     return forward - start, backward - forward, time.perf_counter() - backward
 
 
+# A one-rank probe reduces nothing across ranks, but FSDP still casts gradients to the reduce dtype: as the
+# presets of each precision do (train=paper: the authors' bf16).
+PROBE_REDUCE_DTYPE = {"fp32": "fp32", "bf16": "fp32", "paper": "bf16"}
+
+
 def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision: str, device: str, alone):
     """A `layers`-layer model sharded over the one-rank mesh `alone`, its AdamW and a batch of ids."""
     # a copy: LlamaConfig edits nested dicts (rope_scaling) in place, and the workload must stay as the plan sent it
     config = models.llama_config({**copy.deepcopy(llama_kwargs), "num_hidden_layers": layers})
-    model = parallelize.shard(models.build(config, device), alone, precision)
+    model = parallelize.shard(models.build(config, device), alone, precision, PROBE_REDUCE_DTYPE[precision])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (batch, seq_len), device=device)
     return model, optimizer, ids

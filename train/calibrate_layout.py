@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from . import model as models
 from . import parallelize, pipeline
-from .calibrate import PHASES, CalibrationError, in_turn, spread
+from .calibrate import PHASES, PROBE_REDUCE_DTYPE, CalibrationError, in_turn, spread
 from .launch_env import sync_device
 
 DEPTHS = (1, 2)  # decoder layers per stage of the two models timed
@@ -38,6 +38,7 @@ class _Stage:
         P = layout["pp"]
         config = models.llama_config({**copy.deepcopy(layout["model"]), "num_hidden_layers": P * depth})
         model = parallelize.parallelize(models.build(config, "meta"), mesh, mesh["alone"], layout["precision"],
+                                        PROBE_REDUCE_DTYPE[layout["precision"]],
                                         sequence_parallel=layout["sequence_parallel"])
         parallelize.materialize(model, device, seed=0, shard_index=0, tp_index=mesh["tp"].get_local_rank())
         self.model, self.device = model, device

@@ -1,16 +1,16 @@
 """Energy of the training time, read from the hardware's own cumulative counters by one rank per node.
 
-GPUs: NVML's total-energy counter of the node's visible GPUs (nvidia-ml-py). CPUs: RAPL's package counters
-(/sys/class/powercap), where readable. Otherwise nothing: the fields stay null and `source` says why; energy is
-never estimated from a TDP. One reader per node, because every counter covers the whole device or socket:
-readers on several ranks of a node would count it several times. A node is a machine (its kernel's boot id), so
-the testbed's virtual nodes, which share one machine, share one reader too. A sampler thread reads the counter once a
-second while training runs, so a RAPL counter that wraps is followed; the meter pauses while checkpoints,
-logging and evaluations are timed apart, so the joules match train_time_s.
+GPUs: NVML's total-energy counter of every GPU the job's ranks on the node use (nvidia-ml-py), found by UUID, so
+a reader whose own CUDA_VISIBLE_DEVICES shows one GPU (per-task GPU binding) still counts its node's others.
+CPUs: RAPL's package counters (/sys/class/powercap), where readable. Otherwise nothing: the fields stay null and
+`source` says why; energy is never estimated from a TDP. One reader per node, because every counter covers the
+whole device or socket: readers on several ranks of a node would count it several times. A node is a machine (its
+kernel's boot id), so the testbed's virtual nodes, which share one machine, share one reader too. A sampler thread
+reads the counter once a second while training runs, so a RAPL counter that wraps is followed; the meter pauses
+while checkpoints, logging and evaluations are timed apart, so the joules match train_time_s.
 """
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -55,24 +55,25 @@ class RaplCounter:
 
 
 class NvmlCounter:
-    """Joules of the node's visible GPUs since their driver loaded (a 64-bit millijoule counter)."""
+    """Joules of the given GPUs (NVML UUIDs) since their driver loaded (a 64-bit millijoule counter)."""
 
     source = "nvml: total energy of the node's GPUs"
 
-    def __init__(self, visible: str | None = None):
+    def __init__(self, uuids: list[str]):
         try:
             import pynvml
         except ImportError:
             raise Unavailable("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from None
+        if not uuids:
+            raise Unavailable("no GPU of this node is known to NVML by UUID")
         try:
             pynvml.nvmlInit()
-            count = pynvml.nvmlDeviceGetCount()
-            indices = [int(i) for i in visible.split(",")] if visible else range(count)
-            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
+            self.handles = [pynvml.nvmlDeviceGetHandleByUUID(u) for u in uuids]
             self._energy = pynvml.nvmlDeviceGetTotalEnergyConsumption
             self.read()
-        except (pynvml.NVMLError, ValueError) as exc:
+        except pynvml.NVMLError as exc:
             raise Unavailable(f"NVML cannot read the GPUs' energy ({exc})") from None
+        self.source = f"nvml: total energy of the node's {len(uuids)} GPU(s) the job uses"
 
     def read(self) -> float:
         return sum(self._energy(h) for h in self.handles) / 1e3
@@ -86,10 +87,23 @@ def machine_id() -> str:
         return socket.gethostname()
 
 
-def open_counter(device: str, root: Path = POWERCAP):
-    """This node's energy counter for `device`; Unavailable when there is none."""
+def gpu_uuid(device: str) -> str | None:
+    """This rank's GPU as NVML names it (GPU-<uuid>), for its node's reader; None on CPU."""
+    if device != "cuda":
+        return None
+    import torch
+    return f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
+
+
+def node_gpus(machines: list[str], gpus: list[str | None], rank: int) -> list[str]:
+    """The GPUs of every rank on `rank`'s machine, each once (ranks may share one), in rank order."""
+    return list(dict.fromkeys(g for m, g in zip(machines, gpus) if m == machines[rank] and g is not None))
+
+
+def open_counter(device: str, gpus: list[str], root: Path = POWERCAP):
+    """This node's energy counter for `device` (on GPU, over `gpus`: node_gpus); Unavailable when there is none."""
     if device == "cuda":
-        return NvmlCounter(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return NvmlCounter(gpus)
     return RaplCounter(root)
 
 

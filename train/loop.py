@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import socket
 import time
 from contextlib import contextmanager, nullcontext
@@ -67,7 +66,7 @@ class Trainer:
                                      c.aggregation_dtype, c.outer_fragments, c.outer_delay,
                                      [(name, p.numel()) for name, p in whole.named_parameters()], **shared)
         # exposed communication: the time each step waits for collectives (None where it cannot be measured)
-        self.blocked = exposed.Blocked() if exposed.why_not(device, self.cfg.tp) is None else None
+        self.blocked = exposed.Blocked(device) if exposed.why_not(device, self.cfg.tp) is None else None
         self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device, self.mesh)
         is_writer = out_dir is not None and rank == 0
         # every last pipeline stage holds its pipeline's loss; the other stages log 0 and are not counted
@@ -80,7 +79,8 @@ class Trainer:
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
         self.watchdog = None
         if watchdog_tag is not None:
-            self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s)
+            self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s,
+                                     self.cfg.heartbeat_dir)
 
     def restore(self) -> None:
         """Bring every rank to where the run stands (collective): resume from the latest checkpoint, if
@@ -105,9 +105,11 @@ class Trainer:
             # Every rank builds the same full model from the seed, then keeps its stage and shard.
             torch.manual_seed(self.cfg.seed)
             return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, self.cfg.precision,
-                                           self.cfg.activation_checkpointing, self.cfg.sequence_parallel)
+                                           self.cfg.reduce_dtype, self.cfg.activation_checkpointing,
+                                           self.cfg.sequence_parallel)
         model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, self.cfg.precision,
-                                        self.cfg.activation_checkpointing, self.cfg.sequence_parallel)
+                                        self.cfg.reduce_dtype, self.cfg.activation_checkpointing,
+                                        self.cfg.sequence_parallel)
         parallelize.materialize(model, self.device, self.cfg.seed, shard_index=self.coord[2], tp_index=self.coord[4])
         return model
 
@@ -277,10 +279,10 @@ class Trainer:
         dist.all_gather_object(gathered, ({"rank": self.rank, "host": host,
                                            "node": os.environ.get("SLURMD_NODENAME", host),
                                            "topology_addr": os.environ.get("SLURM_TOPOLOGY_ADDR")},
-                                          energy.machine_id()))
-        ranks, machines = [r for r, _ in gathered], [m for _, m in gathered]
+                                          energy.machine_id(), energy.gpu_uuid(self.device)))
+        ranks, machines, gpus = (list(column) for column in zip(*gathered))
         before = (self.state.tokens, self.state.train_time_s)  # this attempt's energy covers this attempt only
-        energy_source = self._open_meter(ranks[self.rank]["node"], machines)
+        energy_source = self._open_meter(ranks[self.rank]["node"], machines, gpus)
         train_time = self.train()
         joules = self.meter.stop() if self.meter is not None else None
         eval_ppl, eval_time = self.evaluate(self.cfg.steps)
@@ -297,19 +299,20 @@ class Trainer:
         peak, sent, exchange_s, skipped = maxima.tolist()  # after training: the run's one read of these
         not_measured = exposed.why_not(self.device, self.cfg.tp)
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
-                      "exposed_comm_method": not_measured or exposed.METHOD,
+                      "exposed_comm_method": not_measured or exposed.METHOD[self.device],
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
         return self.summary(train_time, eval_ppl, eval_time, int(peak), ranks, backend,
                             {"aggregation_bytes": int(sent), "aggregation_exchange_s": exchange_s,
                              "skipped_steps": int(skipped), **efficiency})
 
-    def _open_meter(self, node: str, machines: list[str]) -> str | None:
-        """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id); returns
-        what it reads (None: not a reader, this machine's counter is another rank's), or why it cannot."""
+    def _open_meter(self, node: str, machines: list[str], gpus: list[str | None]) -> str | None:
+        """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id; `gpus`: every
+        rank's GPU), over every GPU of its machine's ranks; returns what it reads (None: not a reader, this
+        machine's counter is another rank's), or why it cannot."""
         if machines.index(machines[self.rank]) != self.rank:
             return None
         try:
-            counter = energy.open_counter(self.device)
+            counter = energy.open_counter(self.device, energy.node_gpus(machines, gpus, self.rank))
         except energy.Unavailable as exc:
             return f"none: {node}: {exc}"
         self.meter = energy.EnergyMeter(counter.read)
@@ -341,7 +344,8 @@ class Trainer:
             eval_ppl=eval_ppl, eval_time_s=eval_time, floor_ppl=self.source.floor_ppl,
             baseline_ppl=self.source.baseline_ppl, started_at=self.state.started_at, axes=dict(spec.axes),
             phases=self.log.phase_stats(), aggregation_event=self.log.aggregation_event_stats(),
-            aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision, params=n_params,
+            aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision,
+            reduce_dtype=cfg.reduce_dtype, params=n_params,
             peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend,
             data={**self.source.describe(), **self.source.seen(tokens)},
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
@@ -388,6 +392,5 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     launch_env.shutdown(env, out_dir)
     if result is None:
         return None
-    shutil.rmtree(trainer.watchdog.dir, ignore_errors=True)
     result.save(out_dir / "result.json")
     return result

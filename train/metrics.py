@@ -16,6 +16,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from . import exposed
 from .result import PHASES, Stats, StepTimes
 from .spec import write_atomic
 
@@ -27,7 +28,7 @@ class _Pending(NamedTuple):
     aggregated: bool
     lr: float
     tokens: int  # trained by the run when this step ended
-    blocked_s: float  # in collectives' waits (train.exposed), 0 where not measured
+    blocked: object  # waits on communication (train.exposed: seconds, or GPU event pairs), 0.0 where not measured
     elapsed_s: float
 
 
@@ -90,16 +91,17 @@ class StepLog:
                 fh.write(json.dumps(row) + "\n")
 
     def add(self, step: int, marks: list, loss: torch.Tensor, aggregated: bool, lr: float, tokens: int,
-            blocked_s: float) -> None:
+            blocked) -> None:
         """Step `step`'s phase boundaries (self.clock's marks: start, forward, backward, optimizer, aggregation)."""
         elapsed = time.perf_counter() - self.start
-        self.pending.append(_Pending(step, marks, loss.detach(), aggregated, lr, tokens, blocked_s, elapsed))
+        self.pending.append(_Pending(step, marks, loss.detach(), aggregated, lr, tokens, blocked, elapsed))
 
     def flush(self) -> list[dict]:
         if not self.pending:
             return []
         laps = [StepTimes(*t) for t in self.clock.laps([p.marks for p in self.pending])]
-        times = torch.tensor([[*t, t.step, p.blocked_s] for t, p in zip(laps, self.pending)], dtype=torch.float64,
+        times = torch.tensor([[*t, t.step, exposed.seconds(p.blocked)] for t, p in zip(laps, self.pending)],
+                             dtype=torch.float64,
                              device=self.device)
         losses = torch.stack([p.loss.float() for p in self.pending]).to(torch.float64)
         dist.all_reduce(times, op=dist.ReduceOp.MAX)

@@ -13,15 +13,18 @@ from torch.distributed.tensor import DTensor
 
 from . import pipeline, tensor
 
-
-def mixed_precision(precision: str) -> MixedPrecisionPolicy:
-    """fp32: no casts. bf16: bf16 compute/all-gather over fp32 master weights. paper: parameters already bf16."""
-    if precision == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, precision: str,
+def mixed_precision(precision: str, reduce_dtype: str) -> MixedPrecisionPolicy:
+    """fp32: no casts. bf16: bf16 compute/all-gather over fp32 master weights. paper: parameters already bf16.
+    Gradients are reduced in `reduce_dtype` whatever the backend (NCCL would otherwise reduce in the compute dtype),
+    so a gloo run and a GPU run of one spec sum alike."""
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                                reduce_dtype=DTYPES[reduce_dtype])
+
+
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, precision: str, reduce_dtype: str,
                 checkpointing: bool = False, sequence_parallel: bool = False) -> torch.nn.Module:
     """This rank's part of a whole LlamaForCausalLM (built on cpu from the seed, or on meta): its pipeline stage,
     split over the tensor-parallel group (`sequence_parallel`: train.tensor), then sharded over `dp_mesh`; with
@@ -39,14 +42,14 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, p
             layer.gradient_checkpointing = True
             layer._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint,
                                                                    use_reentrant=False)
-    return shard(model, dp_mesh, precision)
+    return shard(model, dp_mesh, precision, reduce_dtype)
 
 
-def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str) -> torch.nn.Module:
+def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str, reduce_dtype: str) -> torch.nn.Module:
     """fully_shard each decoder layer, then the root (embedding, final norm, lm_head)."""
     if precision == "paper":
         cast(model, torch.bfloat16)
-    policy = mixed_precision(precision)
+    policy = mixed_precision(precision, reduce_dtype)
     for layer in pipeline.decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy)

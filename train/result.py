@@ -123,6 +123,9 @@ class RunResult:
     backend: str = _doc("gloo or nccl")
     data: dict = _doc("the data source's summary (kind, vocab, floor, files...)")
     ranks: list[RankRecord] = _doc("where each rank ran: rank, host, node, topology_addr")
+    reduce_dtype: str | None = _doc("what FSDP reduced gradients in (train.reduce_dtype: fp32 or bf16); null in "
+                                    "results before 2026-12, which reduced in fp32 with precision fp32 or bf16 and in "
+                                    "bf16 with paper", default=None)
     resumed_from_step: int = _doc("the checkpoint step the last attempt resumed from (0: from scratch)", default=0)
     checkpoint_s: float = _doc("time the last attempt spent saving and loading checkpoints (not in train_time_s)",
                                default=0.0)
@@ -143,8 +146,10 @@ class RunResult:
     layout_changes: list[dict] = _doc("elastic resumes (train.elastic): from and to layout, the step, and how many "
                                       "data streams were no longer trained from there on", default_factory=list)
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
-                                         "behind training or not (rank max; the aggregation phase shows the exposed "
-                                         "part when train.outer_delay overlaps it)", default=0.0)
+                                         "behind training or not, timed where the exchange ran: device events on its "
+                                         "stream on GPU, launch to gloo's completion on CPU (rank max; the "
+                                         "aggregation phase shows the exposed part when train.outer_delay overlaps "
+                                         "it)", default=0.0)
     baseline_ppl: float | None = _doc("perplexity of the best context-free (unigram) model of the eval data: the "
                                       "chain's stationary distribution in closed form (synthetic), the eval tokens' "
                                       "own frequencies (text); a run whose eval_ppl is not below it has not learned",

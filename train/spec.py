@@ -23,6 +23,7 @@ STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 FEDAVG_CHUNK_BYTES = 256 * 2**20
 INT8_BLOCK = 64  # values sharing one scale in an int8 exchange (train.compress): 1 + 4/64 bytes per value
 PRECISIONS = ("fp32", "bf16", "paper")
+REDUCE_DTYPES = ("fp32", "bf16")  # what FSDP reduces gradients in (train.parallelize)
 RETIRED_TRAIN_KEYS = ("compute_only_steps",)  # measured nothing the run did not do already (train.exposed)
 TIMINGS = ("phases",)  # device events at phase boundaries, no barrier (train.metrics.PhaseClock)
 INITS = ("auto", "full", "meta")
@@ -48,6 +49,7 @@ class TrainConfig:
     min_lr_frac: float = 0.0
     seed: int = 42
     precision: str = "fp32"
+    reduce_dtype: str = "fp32"  # what FSDP reduces (and, under pp, accumulates) gradients in, on every backend
     average_optimizer_state: bool = False
     final_average: bool = True
     timing: str = "phases"
@@ -66,6 +68,7 @@ class TrainConfig:
     init: str = "auto"
     timeout_s: float = 600.0
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
+    heartbeat_dir: str = ""  # a shared directory where each node beats every 10 s, so the watchdog sees other nodes
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
     stop_check_every: int = 5  # fewest steps between agreements on the scheduler's stop signal, each at a step
@@ -103,7 +106,8 @@ class TrainConfig:
             raise SpecError(f"train.min_lr_frac must be in [0, 1], got {self.min_lr_frac}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise SpecError(f"train.betas must be two numbers in [0, 1), got {self.betas!r}")
-        for key, allowed in (("precision", PRECISIONS), ("timing", TIMINGS), ("init", INITS), ("outer", OUTERS),
+        for key, allowed in (("precision", PRECISIONS), ("reduce_dtype", REDUCE_DTYPES), ("timing", TIMINGS),
+                             ("init", INITS), ("outer", OUTERS),
                              ("aggregation_dtype", WIRE_DTYPES), ("on_nonfinite", ON_NONFINITE),
                              ("pp_schedule", PP_SCHEDULES)):
             if getattr(self, key) not in allowed:
@@ -112,6 +116,8 @@ class TrainConfig:
             raise SpecError(f"train.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 1:
             raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
+        if not isinstance(self.heartbeat_dir, str):
+            raise SpecError(f"train.heartbeat_dir must be a path (a string), got {self.heartbeat_dir!r}")
         if not self.watchdog_s > 0:
             raise SpecError(f"train.watchdog_s must be > 0, got {self.watchdog_s}")
         for key in ("elastic", "activation_checkpointing", "sequence_parallel"):
@@ -283,8 +289,9 @@ class RunSpec:
 # Spec keys that do not change what a run measures: where it writes, how long to wait for peers, how often to
 # checkpoint. Every other key is part of the run's identity (train.loop refuses a checkpoint, and the launcher
 # a run directory, made with a spec that differs in any of them).
-NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.checkpoint_every",
-                          "train.keep_checkpoints", "train.stop_check_every", "train.elastic"})
+NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.heartbeat_dir",
+                          "train.checkpoint_every", "train.keep_checkpoints", "train.stop_check_every",
+                          "train.elastic"})
 # What an elastic resume (train.elastic) may change: the layout, and the run id that names it.
 ELASTIC = frozenset({"F", "R", "S", "run_id"})
 

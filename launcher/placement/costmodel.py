@@ -66,20 +66,23 @@ class Model:
 # fp32 everywhere; bf16 = bf16 all-gathers over fp32 master weights with fp32 gradient reduction; paper = bf16
 # parameters, gradients and optimizer state (the authors' FSDP MixedPrecision reduces in bf16).
 WIRE_BYTES = {"fp32": (4, 4, 4), "bf16": (2, 4, 4), "paper": (2, 2, 2)}
+REDUCE_WIRE_BYTES = {"fp32": 4, "bf16": 2}  # train.reduce_dtype, where the run names it
 # Bytes per value of a compressed exchange (train.compress): int8 adds one fp32 scale per block.
 COMPRESSED_BYTES = {"bf16": 2, "int8": 1 + 4 / INT8_BLOCK}
 
 
 def model_from_preset(preset_kwargs: dict, precision: str, average_optimizer_state: bool = False,
-                      aggregation_dtype: str = "fp32") -> Model:
+                      aggregation_dtype: str = "fp32", reduce_dtype: str | None = None) -> Model:
     """A Model from LlamaConfig kwargs and the run's precision; averaging AdamW's two moments (stored like
-    the parameters) triples what FedAvg sends; a compressed exchange sends COMPRESSED_BYTES per parameter."""
+    the parameters) triples what FedAvg sends; a compressed exchange sends COMPRESSED_BYTES per parameter. The
+    gradients travel in `reduce_dtype` (train.reduce_dtype) when given, else as WIRE_BYTES says."""
     missing = [key for key in LLAMA_KEYS if key not in preset_kwargs]
     if missing:
         raise ValueError(f"model preset lacks {', '.join(missing)}")
     params = llama_params(**{key: preset_kwargs[key] for key in LLAMA_KEYS},
                           tie_word_embeddings=preset_kwargs.get("tie_word_embeddings", False))
     gather, grad, fedavg = WIRE_BYTES[precision]
+    grad = REDUCE_WIRE_BYTES[reduce_dtype] if reduce_dtype is not None else grad
     fedavg = COMPRESSED_BYTES.get(aggregation_dtype, fedavg * (3 if average_optimizer_state else 1))
     return Model(params, preset_kwargs["num_hidden_layers"], gather, grad, fedavg)
 

@@ -10,11 +10,12 @@ FSDP then shards that over S. What is held:
   the precision (train.outer), unless train.outer_offload moves them to host memory;
 - gathered: the root unit and two decoder layers (the one computing and the one prefetched) unsharded in the
   compute dtype, with two layers' unsharded gradients before their reduce-scatter (fully_shard copies them out
-  even on a one-rank shard group). Under pp, torch's pipelining turns FSDP's gradient reduction and resharding
-  after backward off until the last microbatch: every layer of the stage keeps its unsharded gradient from the
-  first backward on, and its unsharded parameters until the next forward (see _stage: the peak is the start of a
-  backward, either with the stage resharded and every microbatch in flight, or, on the first stage, the whole
-  stage unsharded with one microbatch fewer);
+  even on a one-rank shard group), in the larger of the compute dtype and train.reduce_dtype (FSDP casts them
+  to the reduce dtype, and under pp accumulates them in it). Under pp, torch's pipelining turns FSDP's gradient
+  reduction and resharding after backward off until the last microbatch: every layer of the stage keeps its
+  unsharded gradient from the first backward on, and its unsharded parameters until the next forward (see
+  _stage: the peak is the start of a backward, either with the stage resharded and every microbatch in flight,
+  or, on the first stage, the whole stage unsharded with one microbatch fewer);
 - activations saved for backward, per token and layer (counted with autograd's saved-tensor hooks on
   transformers' Llama block, sdpa keeping no score matrix): 5h not split by tp (the block input, the norms'
   normalised inputs and outputs, the attention residual), then 3h + 2h_kv for attention (q and the output
@@ -42,6 +43,7 @@ from train.spec import FEDAVG_CHUNK_BYTES, RunSpec
 STATE_BYTES = {"fp32": 16, "bf16": 16, "paper": 8}  # parameter + gradient + AdamW's two moments, per parameter
 PARAM_BYTES = {"fp32": 4, "bf16": 4, "paper": 2}     # as stored (bf16 keeps fp32 master weights)
 COMPUTE_BYTES = {"fp32": 4, "bf16": 2, "paper": 2}   # gathered parameters and activations
+REDUCE_BYTES = {"fp32": 4, "bf16": 2}                # train.reduce_dtype
 # per logit at the start of backward: the fp32 log-softmax kept for backward, then its gradient and the logits'
 # fp32 gradient (the dry-run at 8B: 12.3 B in all with checkpointing, 16.4 B without)
 LOSS_SAVED_BYTES, LOSS_GRAD_BYTES = 4, 8
@@ -59,6 +61,7 @@ class Layout:
     microbatches: int = 1
     schedule: str = "1f1b"
     precision: str = "fp32"
+    reduce_dtype: str = "fp32"
     federated: bool = False
     outer_copy: bool = False  # DiLoCo, or a compressed or streamed exchange, with its state on the device
     checkpointing: bool = False
@@ -86,7 +89,8 @@ def layout_of(spec: RunSpec) -> Layout:
     t = spec.train
     copy = spec.federated and (t.outer != "fedavg" or t.aggregation_dtype != "fp32" or t.streamed)
     return Layout(S=spec.S, P=t.pp, T=t.tp, batch=t.batch_per_rank, seq_len=t.seq_len, microbatches=t.n_microbatches,
-                  schedule=t.pp_schedule, precision=t.precision, federated=spec.federated,
+                  schedule=t.pp_schedule, precision=t.precision, reduce_dtype=t.reduce_dtype,
+                  federated=spec.federated,
                   outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing,
                   sequence_parallel=t.sequence_parallel)
 
@@ -98,8 +102,9 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     root, layers, layer = stage.root, stage.layers * stage.layer, stage.layer
     sharded = (root + layers) / L.S
     param_b, compute_b = PARAM_BYTES[L.precision], COMPUTE_BYTES[L.precision]
-    grad_b = 4 if L.precision != "paper" else 2
+    grad_b = 4 if L.precision != "paper" else 2  # sharded, in the parameters' dtype
     state = sharded * (STATE_BYTES[L.precision] - grad_b + (2 * 4 if L.outer_copy else 0))
+    unsharded_grad_b = max(compute_b, REDUCE_BYTES[L.reduce_dtype])
     buffers = 0.0
     if L.federated:
         buffers = min(sharded * param_b, FEDAVG_CHUNK_BYTES) * (2 if param_b == 2 else 1)
@@ -108,9 +113,9 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     activations = functools.partial(_activations, llama_kwargs, L, stage.layers, per_token)
     if L.P == 1:  # fully_shard copies out even on one rank; the two layers' gradients before their reduce-scatter
         tokens = L.batch * L.seq_len
-        return Memory(state, working + 2 * layer * grad_b, activations(tokens, tokens, tokens), buffers)
-    unsharded = (root + layers) * (compute_b + grad_b)
-    return max((_stage(L, activations, working, unsharded, (root + layers) * grad_b, last, state, buffers)
+        return Memory(state, working + 2 * layer * unsharded_grad_b, activations(tokens, tokens, tokens), buffers)
+    unsharded = (root + layers) * (compute_b + unsharded_grad_b)
+    return max((_stage(L, activations, working, unsharded, (root + layers) * unsharded_grad_b, last, state, buffers)
                 for last in (False, True)), key=lambda m: m.total)
 
 

@@ -1,0 +1,99 @@
+"""The paper's job measured on one node (`python -m bench.gpu_check --model llama3_8b`): FSDP over every GPU of the
+node (one GPU: the model unsharded), the authors' settings (train=paper: bf16 parameters, gradients reduced in bf16,
+2 x 2,048 tokens per GPU), through the real entrypoint, and what it cost against what fedshard predicted.
+
+As many decoder layers as the memory model says fit the GPUs (all 32 of Llama-3.1-8B where they do; the line says
+how many when not). Steps are timed by the trainer's device events; tokens/s leaves out the first (warm-up) step.
+Printed: tokens/s per GPU, MFU with the GPU model's dense bf16 peak, the run's peak allocation
+(torch.cuda.max_memory_allocated, max over ranks) against the memory model and the dry-run of the same spec, and
+NVML energy. On CPU ranks (the tests) the peak is the process's resident set, which the two models do not
+predict: it is printed, not compared.
+"""
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+
+import torch
+
+from launcher.dryrun import memory_of, play, ranks_to_play
+from launcher.placement.memory import layout_of, per_device
+from train.spec import RunSpec
+
+# Dense bf16 tensor-core peaks per GPU, most specific name first (torch.cuda.get_device_name: "NVIDIA H100 PCIe",
+# "NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3" for the SXM part, "NVIDIA H200", "NVIDIA A100-SXM4-80GB").
+PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
+                   ("A100", 312e12))
+USABLE = 0.92  # of a GPU's memory the model may plan for: the CUDA context, NCCL and fragmentation take the rest
+
+
+def peak_flops_of(name: str) -> float | None:
+    """The dense bf16 peak of the GPU model `name`, None for one not in the table."""
+    return next((flops for key, flops in PEAK_BF16_FLOPS if key in name), None)
+
+
+def job_spec(model: str, layers: int | None, ranks: int, steps: int, seq_len: int, batch: int, device: str,
+             out: Path, peak_flops: float | None) -> dict:
+    """FSDP over `ranks` GPUs with the paper preset's training keys."""
+    return {"strategy": "fsdp", "F": 1, "R": 1, "S": ranks, "run_id": "job", "out_dir": str(out / "job"),
+            "device": device, "backend": "auto", "peak_flops": peak_flops,
+            "model": {"preset": model, **({"num_hidden_layers": layers} if layers else {})},
+            "train": {"steps": steps, "seq_len": seq_len, "batch_per_rank": batch, "log_every": steps,
+                      "precision": "paper", "reduce_dtype": "bf16", "lr": 3e-4, "warmup_frac": 0.1}}
+
+
+def layers_that_fit(spec: dict, capacity: float | None) -> tuple[int, int]:
+    """(layers to run, the model's layers): the most the memory model fits under `capacity` bytes (None: all)."""
+    whole = RunSpec.from_dict(spec).model.llama_kwargs["num_hidden_layers"]
+    if capacity is None:
+        return whole, whole
+    for layers in range(whole, 0, -1):
+        trial = copy.deepcopy(spec)
+        trial["model"]["num_hidden_layers"] = layers
+        run = RunSpec.from_dict(trial)
+        if per_device(run.model.llama_kwargs, layout_of(run)).total <= capacity:
+            return layers, whole
+    return 0, whole
+
+
+def predicted_bytes(spec: dict) -> tuple[float, float]:
+    """(memory model, dry-run) peak bytes per device for `spec`."""
+    run = RunSpec.from_dict(spec)
+    model = per_device(run.model.llama_kwargs, layout_of(run)).total
+    with tempfile.TemporaryDirectory() as tmp:
+        dryrun, _ = memory_of([play(run, rank, Path(tmp)) for rank in ranks_to_play(run)])
+    return model, dryrun
+
+
+def measure(args, device: str, out: Path, train) -> bool:
+    """Run the job (train: gpu_check's runner) and print its line; False if it could not run."""
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    capacity = torch.cuda.get_device_properties(0).total_memory * USABLE if device == "cuda" else None
+    peak = args.peak_flops or (peak_flops_of(name) if device == "cuda" else None)
+    spec = job_spec(args.model, None, args.ranks, args.job_steps + 1, args.job_seq_len, args.job_batch, device, out,
+                    peak)
+    layers, whole = layers_that_fit(spec, capacity)
+    if layers == 0:
+        print(f"job: {args.model} does not fit {args.ranks} GPU(s) of {capacity / 1e9:.0f} GB even with one layer")
+        return False
+    spec["model"]["num_hidden_layers"] = layers
+    said = "all" if layers == whole else f"{layers} of {whole} (the memory model fits no more on {args.ranks} GPU(s))"
+    print(f"job: {args.model}, {said} layers, FSDP over {args.ranks} {name} rank(s), precision paper, "
+          f"{args.job_batch} x {args.job_seq_len} tokens per GPU, {args.job_steps} timed steps after one warm-up")
+    model_bytes, dryrun_bytes = predicted_bytes(spec)
+    result, _ = train(spec, args.ranks, out, device)
+    mfu = f"{result.mfu:.1%}" if result.mfu is not None else "- (no peak known for this GPU: --peak-flops)"
+    first = f"{result.first_step_s:.2f} s" if result.first_step_s is not None else "-"
+    print(f"job: {result.tokens_per_s_per_device:,.0f} tokens/s per GPU, MFU {mfu}, first step {first}")
+    measured = result.peak_memory_bytes
+    if device == "cuda":
+        print(f"job: peak allocated {measured / 1e9:.2f} GB; memory model {model_bytes / 1e9:.2f} GB "
+              f"({model_bytes / measured:.3f} of it), dry-run {dryrun_bytes / 1e9:.2f} GB "
+              f"({dryrun_bytes / measured:.3f})")
+    else:
+        print(f"job: CPU resident set {measured / 1e9:.2f} GB (not what the models predict: a GPU's allocation); "
+              f"memory model {model_bytes / 1e9:.3f} GB, dry-run {dryrun_bytes / 1e9:.3f} GB")
+    energy = f"{result.energy_j:,.0f} J, {result.tokens_per_j:,.1f} tokens/J" if result.energy_j is not None else "-"
+    print(f"job: energy {energy} ({result.energy_source})")
+    return True
