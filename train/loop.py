@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, data, energy, exposed, launch_env, metrics, optim, parallelize, pipeline
+from . import checkpoint, data, energy, exposed, launch_env, metrics, optim, parallelize, pipeline, profiling
 from . import mesh as meshes
 from . import model as models
 from .errors import SpecError
@@ -76,6 +76,7 @@ class Trainer:
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
         self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0}  # seconds outside the training time
         self.checkpoints = 0
+        self.profiler = profiling.StepProfiler(self.cfg.profile, self.cfg.steps, device)
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
         self.watchdog = None
         if watchdog_tag is not None:
@@ -200,7 +201,9 @@ class Trainer:
         self.log.start = time.perf_counter() - self.state.train_time_s  # a resumed run's clock goes on
         stop_asked = False  # agreed by every rank; acted on at the next step with no streamed exchange in flight
         for i in range(self.start_step, self.cfg.steps):
+            self.profiler.before(i)
             self.step(i)
+            self.profiler.after(i)
             done = i + 1
             if self.cfg.eval_every and done % self.cfg.eval_every == 0 and done < self.cfg.steps:
                 trained = time.perf_counter() - self.log.start  # before the evaluation, which is timed apart
@@ -287,6 +290,7 @@ class Trainer:
         joules = self.meter.stop() if self.meter is not None else None
         eval_ppl, eval_time = self.evaluate(self.cfg.steps)
         self.log.add_eval(self.cfg.steps, train_time, eval_ppl)
+        profiled = self.profiler.write(Path(self.spec.out_dir), self.rank)  # every rank, or none (one window)
         sent, exchange_s = (self.fedavg.event_bytes, self.fedavg.exchange_s) if self.fedavg is not None else (0, 0.0)
         peak = metrics.peak_memory_bytes(self.device)
         maxima = torch.tensor([peak, sent, exchange_s, self.state.skipped_steps], dtype=torch.float64,
@@ -301,9 +305,11 @@ class Trainer:
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD[self.device],
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
+        profile = {"steps": self.profiler.recorded, "traces": [profiling.trace_name(r) for r in range(self.world)]} \
+            if profiled else None
         return self.summary(train_time, eval_ppl, eval_time, int(peak), ranks, backend,
                             {"aggregation_bytes": int(sent), "aggregation_exchange_s": exchange_s,
-                             "skipped_steps": int(skipped), **efficiency})
+                             "skipped_steps": int(skipped), "profile": profile, **efficiency})
 
     def _open_meter(self, node: str, machines: list[str], gpus: list[str | None]) -> str | None:
         """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id; `gpus`: every

@@ -180,6 +180,9 @@ class RunResult:
                                       "run had one step", default=None)
     energy_source: str | None = _doc("nvml: or rapl: (with the number of node readers), or none: which node could "
                                      "not be measured and why", default=None)
+    profile: dict | None = _doc("train.profile's traces: {steps: the steps recorded, traces: one Chrome/Perfetto "
+                                "file per rank, relative to the run directory}; those steps ran under the "
+                                "profiler, slower; null when not profiled", default=None)
     started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "
                                   "only if it was registered before", default=None)
 

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import profiling
 from .dims import Dims
 from .errors import SpecError
 from .sections import DataSection, ModelSection, SyntheticData, check_types, data_section, data_to_dict, reject_unknown
@@ -68,6 +69,7 @@ class TrainConfig:
     init: str = "auto"
     timeout_s: float = 600.0
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
+    profile: str = ""  # START:STOP: torch.profiler traces of steps START..STOP-1, one per rank (train.profiling)
     heartbeat_dir: str = ""  # a shared directory where each node beats every 10 s, so the watchdog sees other nodes
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
@@ -116,6 +118,9 @@ class TrainConfig:
             raise SpecError(f"train.checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
         if not isinstance(self.keep_checkpoints, int) or self.keep_checkpoints < 1:
             raise SpecError(f"train.keep_checkpoints must be an integer >= 1, got {self.keep_checkpoints!r}")
+        if not isinstance(self.profile, str):
+            raise SpecError(f"train.profile must be START:STOP or \"\", got {self.profile!r}")
+        profiling.window(self.profile, self.steps)
         if not isinstance(self.heartbeat_dir, str):
             raise SpecError(f"train.heartbeat_dir must be a path (a string), got {self.heartbeat_dir!r}")
         if not self.watchdog_s > 0:
@@ -289,7 +294,7 @@ class RunSpec:
 # Spec keys that do not change what a run measures: where it writes, how long to wait for peers, how often to
 # checkpoint. Every other key is part of the run's identity (train.loop refuses a checkpoint, and the launcher
 # a run directory, made with a spec that differs in any of them).
-NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.heartbeat_dir",
+NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.heartbeat_dir", "train.profile",
                           "train.checkpoint_every", "train.keep_checkpoints", "train.stop_check_every",
                           "train.elastic"})
 # What an elastic resume (train.elastic) may change: the layout, and the run id that names it.
