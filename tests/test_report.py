@@ -97,7 +97,10 @@ def test_table3_order_ratios_and_none(tmp_path):
     t = table3(load_results(write_sweep(tmp_path, SWEEP)))
     assert column(t, "Strategy") == ["FSDP", "HSDP", "FL+FSDP", "FL+FSDP", "FL+HSDP"]
     assert column(t, "A") == [None, None, 4, 16, 8]
-    assert "PPL floor" in t.columns and "n" in t.columns and "Paper time (s)" not in t.columns
+    # one eval set: its floor is a note, not a column of equal numbers; eval time is in Table 4
+    assert "PPL floor" not in t.columns and "Eval time (s)" not in t.columns
+    assert any(n.startswith("PPL floor (") and "for every run here" in n for n in t.notes)
+    assert "n" in t.columns and "Paper time (s)" not in t.columns
     md = t.to_markdown()
     lines = {line.split(" | ")[1] + line.split(" | ")[2]: line for line in md.splitlines()[4:] if line.startswith("|")}
     # paired by seed: FSDP ran seed 1 only, so the one pair is 100 s / 12 s and 50 / 24 PPL, with no interval
@@ -129,7 +132,9 @@ def test_table4_mean_std_cells_and_split_csv(tmp_path):
     assert "| 0.04 ± 0.05 | 0.30 ± 0.10 | 2 |" in md  # FL+HSDP aggregation per step (0.3/8), per FedAvg, events
     rows = csv_rows(t)
     assert float(rows[2]["Forward (s) mean"]) == 2.0 and float(rows[2]["Forward (s) std"]) == pytest.approx(1.0)
-    assert float(rows[0]["Aggregation per step (s) mean"]) == 0.0 and rows[0]["FedAvg events"] == "0"
+    # FSDP does not average: no aggregation time at all, rather than the instants between two steps
+    assert rows[0]["Aggregation per step (s) mean"] == "" and rows[0]["FedAvg events"] == "0"
+    assert any("FSDP and HSDP do not average" in n for n in t.notes)
     assert rows[0]["Aggregation per FedAvg (s) mean"] == "" and rows[0]["Aggregation per FedAvg (s) std"] == ""
     assert float(rows[-1]["Aggregation per step (s) mean"]) == 0.3 / 8
     assert not any(c.startswith("Paper") for c in t.columns)
@@ -241,7 +246,7 @@ def test_differences_within_the_spread_of_repeats_are_marked_as_noise():
     single = table3(SWEEP[-2:])
     assert "Within noise of FSDP" not in single.columns
     assert single.notes[0].startswith("One run per configuration: every number is a single sample")
-    assert single.to_markdown().rstrip().endswith(single.notes[0]) and f"% {single.notes[0]}" in single.to_latex()
+    assert single.notes[0] in single.to_markdown() and f"% {single.notes[0]}" in single.to_latex()
 
 
 def test_runs_drawn_on_top_of_each_other_stay_distinguishable():
@@ -409,3 +414,14 @@ def test_a_table_refuses_kinds_or_rows_that_do_not_match_its_columns():
         Table("t", list("abcde"), [[1, 2, 3, 4, 5]], ["text", "fixed", "fixed", "text"])
     with pytest.raises(ValueError, match="a row of 4 cells for 5 columns"):
         Table("t", list("abcde"), [[1, 2, 3, 4]])
+
+
+def test_equal_ratios_read_as_equal_and_the_front_ties_equal_perplexities():
+    from launcher.report.plots import pareto_front
+    from launcher.report.tables import oriented
+
+    assert oriented(0.999, "higher") == "1.00×" and oriented(1.0004, "slower", "faster") == "1.00×"
+    assert oriented(0.98, "higher") == "1.02× higher" and oriented(1.5, "slower", "faster") == "1.50× faster"
+    # HSDP faster, its perplexity 0.1 % above FSDP's: FSDP is not on the front; a clearly better slow one is
+    front = pareto_front([(100.0, 20.00, "fsdp"), (150.0, 20.02, "hsdp"), (50.0, 15.0, "slow")])
+    assert [p[2] for p in front] == ["hsdp", "slow"]

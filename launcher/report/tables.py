@@ -22,6 +22,8 @@ def _sig3(x: float) -> str:
 def oriented(ratio: float, below: str, above: str = "") -> str:
     """A ratio read one way: `ratio`× when it is >= 1, else its inverse with the word for the other
     direction — "1.41× slower", never "0.708× faster"."""
+    if "1.00" in (_sig3(ratio), _sig3(1 / ratio)):  # 0.999: equal to three figures, "1.00×", not "1.00× higher"
+        return "1.00×"
     if ratio >= 1:
         return f"{_sig3(ratio)}×" + (f" {above}" if above else "")
     return f"{_sig3(1 / ratio)}× {below}"
@@ -254,13 +256,14 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         ("Tokens/s", "count", value("tokens_per_s")),
         ("Train PPL", "fixed", lambda r: r["train_ppl"]),
         ("Eval PPL", "fixed", value("eval_ppl")),
-        ("Eval time (s)", "fixed", lambda r: r["eval_time_s"]),
         ("× faster than FSDP", "faster", ratio("train_time_s")),
         ("× lower eval PPL than FSDP", "lower", quality),
     ]
     baselines = any(r["learned"] is not None for r in rows)
+    shared = {key: _one_value(rows, key) for key in ("baseline_ppl", "floor_ppl")}  # one eval set: a note, no column
     if baselines:
-        columns += [("Baseline PPL", "fixed", lambda r: r["baseline_ppl"]),
+        columns += [*([("Baseline PPL", "fixed", lambda r: r["baseline_ppl"])] if shared["baseline_ppl"] is None
+                      else []),
                     ("Learned", "text", lambda r: {True: "yes", False: "not learned", None: "–"}[r["learned"]])]
 
     def within_noise(r) -> str:
@@ -287,7 +290,7 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
                     ("× faster to target than FSDP", "faster", ratio("time_to_target_s"))]
     if any(map(less_comm, rows)):
         columns.append(("× less comm than FSDP (predicted)", "less", less_comm))
-    if any(r["floor_ppl"] is not None for r in rows):
+    if any(r["floor_ppl"] is not None for r in rows) and shared["floor_ppl"] is None:
         columns.append(("PPL floor", "fixed", lambda r: r["floor_ppl"]))
     if any(map(reproduces_paper, rows)):
         columns += [("Paper time (s)", "fixed", _paper("train_time_s")),
@@ -301,10 +304,23 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         "One run per configuration: every number is a single sample, so a difference of a few percent may be "
         "run-to-run noise (sweep.repeats=3 gives intervals).")
     if baselines:
-        table.notes.append("Baseline PPL: the best context-free (unigram) model of the eval data. A run whose eval "
-                           "perplexity is not below it has not learned; no quality ratio is printed for it.")
+        value_note = "" if shared["baseline_ppl"] is None else f" ({shared['baseline_ppl']:.2f} for every run here)"
+        table.notes.append(f"Baseline PPL{value_note}: the best context-free (unigram) model of the eval data. A "
+                           f"run whose eval perplexity is not below it has not learned; no quality ratio is printed "
+                           f"for it.")
+    if any(r["floor_ppl"] is not None for r in rows):
+        value_note = "" if shared["floor_ppl"] is None else f" ({shared['floor_ppl']:.2f} for every run here)"
+        table.notes.append(f"PPL floor{value_note}: the perplexity of the synthetic data's own source (its entropy "
+                           f"rate): no model can go below it, so eval PPL near it means the run learned all there "
+                           f"is. Evaluation time is in Table 4.")
     table.notes += shrink_notes(rows)
     return table
+
+
+def _one_value(rows: list[dict], key: str) -> float | None:
+    """The value every row has for `key`, when they share one (the same eval data), else None."""
+    values = {r[key] for r in rows}
+    return values.pop() if len(values) == 1 and None not in values else None
 
 
 def _mean_std(stats: Stats):
@@ -318,14 +334,18 @@ def table4(results: list[RunResult]) -> Table:
     columns = [
         *_config_columns(rows),
         *[(f"{p.capitalize()} (s)" if p != "aggregation" else "Aggregation per step (s)", "fixed",
-           lambda r, p=p: _mean_std(r["phases"][p])) for p in PHASES],
+           lambda r, p=p: _mean_std(r["phases"][p]) if p != "aggregation" or r["A"] else None) for p in PHASES],
         ("Aggregation per FedAvg (s)", "fixed", lambda r: _mean_std(r["aggregation_event"])),
         ("FedAvg events", "auto", lambda r: r["aggregations"]),
+        ("Eval (s)", "fixed", lambda r: r["eval_time_s"]),
     ]
     if any(map(reproduces_paper, rows)):
         columns += [(f"Paper {p} (s)" if p != "aggregation" else "Paper aggregation per step (s)", "fixed",
                      _paper(p)) for p in ("forward", "backward", "aggregation")]
     table = _build("Table 4: phase times (s, mean ± std over steps; aggregation also per FedAvg event)",
                    columns, rows)
+    if any(not r["A"] for r in rows):
+        table.notes.append("FSDP and HSDP do not average (no A): their aggregation is \"–\", not the few "
+                           "milliseconds between the optimizer's end and the next step.")
     table.notes += shrink_notes(rows)
     return table

@@ -19,7 +19,8 @@ def check(wandb_cfg: dict) -> None:
     try:
         import wandb  # noqa: F401
     except ImportError:
-        raise ConfigError("wandb.enabled=true but the wandb package is not installed (pip install wandb)") from None
+        raise ConfigError("wandb.enabled=true but the wandb package is not installed: "
+                          "pip install 'fedshard[wandb]'") from None
 
 
 class LiveRun:
