@@ -106,9 +106,10 @@ def _traffic_line(sides: dict) -> str:
                      for per, groups in sides.items())
 
 
-def dryrun(settings, runs: list[Run], model_bytes: dict[str, float], model_sent: dict[str, dict]) -> dict[str, dict]:
+def dryrun(settings, runs: list[Run], model_bytes: dict[str, float], model_sent: dict[str, dict],
+           out_dir: Path) -> dict[str, dict]:
     """Play every run (shared where the work is the same); print progress; refuse what breaks or cannot fit;
-    write dryrun.json; return each run's `memory` block for plan.json. `model_sent`: each run's bytes sent per
+    write out_dir/dryrun.json; return each run's `memory` block for plan.json. `model_sent`: each run's bytes sent per
     step and aggregation by group, as the step-time model has them (plan.sent_bytes)."""
     cluster = settings.cluster
     device = cluster.gpu_memory_GB * GB if cluster.gpu_memory_GB else None
@@ -145,7 +146,7 @@ def dryrun(settings, runs: list[Run], model_bytes: dict[str, float], model_sent:
             out[run.run_id] = memory
             by_run[run.run_id] = {"played_as": source, "traffic": sides} | \
                 ({"ranks": reports} if source == run.run_id else {})
-    write_atomic(settings.sweep_dir / "dryrun.json", json.dumps(by_run, indent=1) + "\n")
+    write_atomic(out_dir / "dryrun.json", json.dumps(by_run, indent=1) + "\n")
     return out
 
 

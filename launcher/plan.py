@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
+import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from launcher import shrink
 from launcher.errors import ConfigError
@@ -12,9 +15,11 @@ from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
 from launcher.placement.steptime import ModelParallel, Shapes, StepTime
 from launcher.prediction import TOLERANCE, Predictor
+from launcher.registry import model_name
 from launcher.report.tables import oriented
 from launcher.secrets import redact, redacted
 from launcher.settings import Settings
+from launcher.slurm import hardware, jobenv
 from launcher.slurm.submit import attempt_folder, require_netns, resources, sbatch_text
 from launcher.store import Store
 from launcher.sweep import PlannedRun, Run, expand
@@ -76,11 +81,10 @@ def comm_model(run: Run) -> Model:
 
 
 def node_share(cluster) -> tuple[int, int]:
-    """(GPUs, CPUs) one node must have free for a job: its GPUs on a GPU cluster, and a CPU per task times
-    cpus_per_task (sbatch_extra), tasks being one per GPU slot."""
-    extra = cluster.sbatch_extra
-    per_task = int(extra.get("cpus_per_task", extra.get("cpus-per-task", 1)))
-    return (cluster.gpus_per_node if cluster.device == "cuda" else 0), cluster.gpus_per_node * per_task
+    """(GPUs, CPUs) one node must have free for a job: its GPUs on a GPU cluster, and cluster.cpus_per_task (1
+    when unset) per task, tasks being one per GPU slot."""
+    return (cluster.gpus_per_node if cluster.device == "cuda" else 0), cluster.gpus_per_node * (cluster.cpus_per_task
+                                                                                                or 1)
 
 
 def usable_nodes(settings: Settings, topo: topology.Topology, runs: list[Run]) -> tuple[list[str], dict]:
@@ -106,6 +110,8 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     plan() saves the topology as topology.json for jobs and reports."""
     require_netns(settings.cluster)
     topo, source, real = topology.load(settings.cluster)
+    if real:
+        hardware.check(settings.cluster, [node for node in topo.nodes.values() if node is not None])
     if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
@@ -211,17 +217,24 @@ def parallel_choices(run: Run, G: int) -> list[tuple[int, int]]:
     return [(p, t) for p in (1, 2, 4, 8) if p <= layers for t in tps]
 
 
+def baseline_key(run: Run) -> tuple:
+    """What a run is compared with FSDP at: its node count and, in a multirun, its point (model=mini is compared
+    with FSDP on mini, not on the first point's model)."""
+    return run.nodes, tuple(sorted(run.spec.axes.items()))
+
+
 def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology, usable: list[str],
-                   predictor: Predictor) -> dict[int, tuple[float, StepTime]]:
-    """FSDP's predicted communication seconds and step time at each node count of the sweep: what ratios
-    divide by."""
+                   predictor: Predictor) -> dict[tuple, tuple[float, StepTime]]:
+    """FSDP's predicted communication seconds and step time at each node count (and multirun point) of the sweep:
+    what ratios divide by."""
     G = settings.cluster.gpus_per_node
-    first = {run.nodes: run for run in reversed(runs)}  # the first run at each node count gives the model
+    first = {baseline_key(run): run for run in reversed(runs)}  # the first run of each key gives the model
     out = {}
-    for n, run in first.items():
+    for key, run in first.items():
+        n = run.nodes
         layout = ("fsdp", 1, 1, n * G, None, 1, 1)
         placement, comm = planner.price(*layout[:5], G, comm_model(run), topo, usable)
-        out[n] = comm, step_of(predictor, run, layout, placement)
+        out[key] = comm, step_of(predictor, run, layout, placement)
     return out
 
 
@@ -286,8 +299,37 @@ def ranking_table(ranking: list[dict], nodes: int, G: int, capacity: float | Non
     return "\n".join(lines) + "\n"
 
 
+def available_host_bytes() -> int | None:
+    """This machine's MemAvailable (/proc/meminfo): what processes may take without swapping others out."""
+    try:
+        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
+
+
+def check_host_memory(settings: Settings, runs: list[Run]) -> None:
+    """cluster=local runs every rank on this machine, so host memory is its device: the model's bytes per rank
+    times the ranks must fit in what is available now, or the OOM killer picks among everyone's processes.
+    action=dryrun runs nothing real (fake tensors), so it may play any model."""
+    if settings.cluster.executor != "local" or settings.action == "dryrun":
+        return
+    available = available_host_bytes()
+    if available is None:
+        return
+    for run in runs:
+        per_rank = memory_of(run).total
+        if per_rank * run.spec.world_size > available:
+            raise ConfigError(f"{run.run_id} needs {human_bytes(per_rank)} per rank x {run.spec.world_size} ranks = "
+                              f"{human_bytes(per_rank * run.spec.world_size)} on this machine, which has "
+                              f"{human_bytes(available)} available (MemAvailable): choose a smaller model "
+                              f"(model=tiny), fewer ranks (cluster.nodes, cluster.gpus_per_node) or a GPU cluster")
+
+
 def check_memory(settings: Settings, runs: list[Run]) -> None:
-    """Refuse, before anything is submitted, a run whose devices cannot hold it (cluster.gpu_memory_GB)."""
+    """Refuse, before anything is submitted, a run whose devices cannot hold it (cluster.gpu_memory_GB), or
+    whose ranks together do not fit in this machine's memory (cluster=local)."""
+    check_host_memory(settings, runs)
     capacity = settings.cluster.gpu_memory_GB
     if not capacity:
         return
@@ -338,16 +380,17 @@ def plan(settings: Settings, runs: list[Run] | None = None,
         shrink.check(runs)
     check_memory(settings, runs)
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
+    out = output_dir(settings, store)
     topo, source, usable, planned, nodes = place_runs(settings, runs)
     predictor = Predictor(settings, topo)
     fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
-    entries = [entry(settings, p, fsdp[p.run.nodes], store, predictor) for p in planned]
+    entries = [entry(settings, p, fsdp[baseline_key(p.run)], store, predictor) for p in planned]
     if settings.action == "dryrun" or settings.plan["dryrun"]:
         from launcher import dryrun
 
         print(f"dry-run of {len(entries)} run(s) on fake tensors at their real world size (launcher.dryrun):")
         measured = dryrun.dryrun(settings, runs, {e.run_id: e.memory["model_bytes"] for e in entries},
-                                 {run.run_id: model_sent_bytes(run) for run in runs})
+                                 {run.run_id: model_sent_bytes(run) for run in runs}, out)
         entries = [replace(e, memory=measured[e.run_id]) for e in entries]
     widest = max(runs, key=lambda r: r.nodes)
     G, capacity = settings.cluster.gpus_per_node, settings.cluster.gpu_memory_GB
@@ -357,20 +400,24 @@ def plan(settings: Settings, runs: list[Run] | None = None,
                                    memory=lambda layout: memory_of(widest, layout).total,
                                    capacity=capacity * GB if capacity else None)
     network = predictor.network.source
-    write_atomic(settings.sweep_dir / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
-    path = settings.sweep_dir / "plan.json"
+    write_atomic(out / "topology.json", json.dumps(topology.to_json(topo)) + "\n")
+    path = out / "plan.json"
     write_atomic(path, json.dumps({"sweep": settings.sweep.name, "cluster": settings.cluster.name,
                                    "topology": source, "network": network, "nodes": nodes,
                                    "runs": [e.to_json() for e in entries],
                                    "ranking": ranking}, indent=2) + "\n")
     sources = "; ".join(dict.fromkeys(e.compute_source for e in entries))  # each source once, in run order
-    write_atomic(settings.sweep_dir / "ranking.md", ranking_table(
+    scripts = write_scripts(out, entries)
+    write_atomic(out / "ranking.md", ranking_table(
         ranking, widest.nodes, G, capacity, f"`action=plan` of sweep {settings.sweep.name} on cluster "
         f"{settings.cluster.name} ({source}): the step-time model with {network}, compute {sources}; memory "
         f"per device from launcher/placement/memory.py" + (f" against {capacity:g} GB" if capacity else "") + "."))
     if not echo:
         return planned, entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
+    for line in header(settings, runs) + (jobenv.lines(settings.cluster, settings.results_dir)
+                                          if settings.cluster.executor == "slurm" else []):
+        print(f"  {line}")
     if nodes["excluded"] or nodes["note"]:
         why = "; ".join(f"{n} {reason} ({', '.join(nodes['examples'][reason])}{', ...' if n > 3 else ''})"
                         for reason, n in nodes["excluded"].items())
@@ -407,5 +454,55 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     if close > 1:
         print(f"  no clear winner: the {close} fastest layouts are within ±{TOLERANCE:.0%} of the fastest, the "
               f"step-time model's target tolerance (action=validate measures how it does)")
+    if scripts:
+        print(f"sbatch scripts: {len(scripts)} in {scripts[0].parent}; the first, {scripts[0].name}:")
+        print(scripts[0].read_text().rstrip())
+    if out != settings.sweep_dir:
+        print(f"this sweep has runs (manifest.jsonl), so its plan.json stays as it is: this plan went to {out}")
     print(f"plan written to {path}")
     return planned, entries
+
+
+def output_dir(settings: Settings, store: Store) -> Path:
+    """Where the plan goes: the sweep's directory, except when action=plan or dryrun looks at a sweep that has runs
+    (their report reads its plan.json): a plans/<time>/ directory of its own then, never replacing what ran."""
+    if settings.action in ("plan", "dryrun") and store.entries:
+        return settings.sweep_dir / "plans" / time.strftime("%Y%m%d-%H%M%S")
+    return settings.sweep_dir
+
+
+def write_scripts(out: Path, entries: list[PlanEntry]) -> list[Path]:
+    """Each SLURM run's sbatch script as scripts/<run_id>.sbatch beside plan.json, to read before submitting."""
+    paths = []
+    for e in entries:
+        if e.sbatch is not None:
+            paths.append(out / "scripts" / f"{e.run_id}.sbatch")
+            write_atomic(paths[-1], e.sbatch + "\n")
+    return paths
+
+
+def header(settings: Settings, runs: list[Run]) -> list[str]:
+    """What the sweep trains, before how it is laid out: model, data, steps, global batch, tokens, and that
+    training starts from random weights (pretraining, as the paper)."""
+    def distinct(values) -> str:
+        return " / ".join(dict.fromkeys(values))
+
+    specs = [run.spec for run in runs]
+    models = distinct(f"{model_name(s.model.to_dict())} ({comm_model(Run(s, 0)).params / 1e9:.3g} B parameters)"
+                      for s in specs)
+    data = distinct(_data_words(s.data) for s in specs)
+    batch = distinct(f"{s.dims.dp_world * s.train.batch_per_rank} sequences x {s.train.seq_len} tokens" for s in specs)
+    tokens = distinct(f"{s.train.steps * s.dims.dp_world * s.train.batch_per_rank * s.train.seq_len / 1e6:.4g} M"
+                      for s in specs)
+    return [f"model: {models}, random initialisation (pretraining, as the paper; no checkpoint is loaded)",
+            f"data: {data}",
+            f"steps: {distinct(str(s.train.steps) for s in specs)}; global batch: {batch}; tokens per run: {tokens}"]
+
+
+def _data_words(data) -> str:
+    if data.kind == "synthetic":
+        return (f"synthetic Markov chain (data=synthetic, branching {data.branching}; "
+                f"data=tokens data.path=DIR trains on a corpus)")
+    if data.kind == "tokens":
+        return f"prepared tokens in {data.path}"
+    return f"text files {', '.join(data.paths)} (tokenizer {data.tokenizer})"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 
 from launcher import progress, shrink
@@ -9,7 +10,7 @@ from launcher.lock import SweepLock
 from launcher.placement import topology
 from launcher.plan import place_one, plan, usable_nodes
 from launcher.prediction import probe_file
-from launcher.registry import Registry
+from launcher.registry import FILE, Registry
 from launcher.report import wandb_log
 from launcher.report.write import outputs, write_report
 from launcher.settings import Settings
@@ -71,12 +72,17 @@ class Sweeper:
         run = planned.run
         attempt = self.store.entries.get(run.run_id, {}).get("attempts", 0) + 1
         run_dir = self.settings.sweep_dir / run.run_id
-        spec_path = run_dir / "spec.json"
+        spec_path, folder = run_dir / "spec.json", attempt_folder(run_dir, attempt)
+        new_dir = not run_dir.exists()
         run.spec.save(spec_path)
-        if self.registry is not None:
-            self.registry.register(run.run_id)
-        job = submit(self.cluster, planned, spec_path, attempt_folder(run_dir, attempt),
-                     self.settings.sweep_dir / "topology.json")
+        registered = self.registry is not None and self.registry.register(run.run_id)
+        try:
+            job = submit(self.cluster, planned, spec_path, folder, self.settings.sweep_dir / "topology.json")
+        except BaseException:  # nothing stays registered or written for a run that was never submitted
+            shutil.rmtree(run_dir if new_dir else folder, ignore_errors=True)
+            if registered and not new_dir:
+                (run_dir / FILE).unlink(missing_ok=True)
+            raise
         # a new attempt: the last one's failure (reason, scheduler_state) no longer describes the run
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
                           cluster=self.cluster.name, rank_order=self.cluster.rank_order, nodes=[], reason=None,

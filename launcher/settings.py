@@ -9,8 +9,9 @@ import difflib
 import os
 import re
 import shlex
+import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from launcher.errors import ConfigError
@@ -21,7 +22,8 @@ from train.sections import check_types, matches, reject_unknown
 # the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
 CONF_DIR = next((d for d in (Path(__file__).resolve().parent / "conf", Path(__file__).resolve().parent.parent / "conf")
                  if (d / "config.yaml").exists()), Path(__file__).resolve().parent.parent / "conf")
-ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare", "dryrun")
+ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare", "dryrun", "status", "cancel", "tail",
+           "init_cluster")
 # in_job: ranks ordered by topology at job start; pinned: nodes and rank order chosen at submission;
 # slurm: SLURM's own node and rank order kept (the paper's runs; the placement ablation's baseline)
 PLACEMENTS = ("in_job", "pinned", "slurm")
@@ -56,6 +58,10 @@ class Cluster:
     placement: str = "in_job"
     switches_wait_min: int = 5
     sequential: bool = False      # submit one run at a time (always so for the local executor)
+    python: str | None = None     # the interpreter the job's tasks run (null: this one, sys.executable); it must
+                                  # exist at that path on the nodes (a venv on a shared filesystem)
+    cpus_per_task: int | None = None  # sbatch --cpus-per-task (null: the site's default, often 1)
+    mem: str | int | None = None  # sbatch --mem per node, e.g. 480G; 0: all of it (null: the site's default)
     netns: str | None = None      # clients must run inside this network namespace (the testbed)
     network: dict | None = None   # the testbed's network description (slurm/testbed/testbed.py)
 
@@ -77,6 +83,17 @@ class Cluster:
         for key in ("nodes", "gpus_per_node", "time_min"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be a positive integer, got {getattr(self, key)!r}")
+        if self.cpus_per_task is not None and (isinstance(self.cpus_per_task, bool) or self.cpus_per_task < 1):
+            raise ConfigError(f"cluster.cpus_per_task must be a positive integer or null, got {self.cpus_per_task!r}")
+        if {"cpus_per_task", "cpus-per-task", "mem"} & set(self.sbatch_extra):
+            raise ConfigError("cluster.sbatch_extra sets cpus_per_task or mem: set cluster.cpus_per_task and "
+                              "cluster.mem instead (the plan checks them against the nodes)")
+        if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?", str(self.mem)):
+            raise ConfigError(f"cluster.mem must be sbatch's --mem: a number with an optional K, M, G or T "
+                              f"(0: all of a node's memory), or null, got {redact(repr(self.mem))}")
+        if self.python is not None and not (isinstance(self.python, str) and os.path.isabs(self.python)):
+            raise ConfigError(f"cluster.python must be an absolute path to the interpreter on the nodes, or null "
+                              f"(this one: {sys.executable}), got {redact(repr(self.python))}")
         # Values land on #SBATCH lines of a script: a line break would start a shell command there.
         values = {"partition": self.partition, "account": self.account, "qos": self.qos,
                   **{f"setup[{i}]": v for i, v in enumerate(self.setup)},
@@ -176,6 +193,8 @@ class Settings:
     probe: dict
     prepare: Prepare
     plan: dict  # dryrun: action=plan plays every run on fake tensors too (launcher.dryrun)
+    init: dict  # action=init_cluster: name, out (launcher.init_cluster)
+    run: str | None = None  # action=tail: the run id whose log to follow
 
     @property
     def sweep_dir(self) -> Path:
@@ -185,10 +204,12 @@ class Settings:
 
 def _typed(cls, raw: dict, where: str):
     reject_unknown(where, raw, (f.name for f in fields(cls)), ConfigError)
-    try:
-        obj = cls(**raw)
-    except TypeError as exc:  # a required key is missing
-        raise ConfigError(f"{where}: {exc}") from None
+    missing = [f.name for f in fields(cls) if f.name not in raw and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        template = " (conf/cluster/slurm.yaml has every key, commented)" if where == "cluster" else ""
+        raise ConfigError(f"{where} is missing key(s): {', '.join(missing)}{template}")
+    obj = cls(**raw)
     check_types(obj, where, ConfigError, show=lambda value: redact(repr(value)))
     return obj
 
@@ -232,28 +253,50 @@ def check_name(name, parent: Path, key: str = "sweep.name") -> Path:
     return path
 
 
+def search_dirs(overrides: list[str]) -> list[Path]:
+    """Where config groups are looked up: conf/, then every file:// directory of a `hydra.searchpath=[...]`
+    override (what --config-dir DIR becomes: launcher.__main__)."""
+    dirs = [CONF_DIR]
+    for override in overrides:
+        match = re.match(r"^\+{0,2}hydra\.searchpath=\[?(.*?)\]?$", override)
+        if match:
+            dirs += [Path(entry.strip().strip("'\"").removeprefix("file://")) for entry in match.group(1).split(",")
+                     if entry.strip().strip("'\"").startswith("file://")]
+    return dirs
+
+
+def group_options(group: str, overrides: list[str]) -> list[str]:
+    """Every option of a config group (cluster, sweep, model, ...) on the search path."""
+    return sorted({p.stem for d in search_dirs(overrides) for p in (d / group).glob("*.yaml")})
+
+
 def compose(overrides: list[str]) -> Settings:
     """Hydra overrides (`sweep=paper_table3 cluster=leonardo ...`) -> validated Settings."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
     def composed(overrides: list[str]):
         with initialize_config_dir(str(CONF_DIR), version_base=None):
-            return hydra_compose("config", overrides=overrides)
+            return hydra_compose("config", overrides=overrides, return_hydra_config=True)
 
     try:
-        raw = OmegaConf.to_container(composed(overrides), resolve=True, throw_on_missing=True)
+        cfg = composed(overrides)
+        choices = dict(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]  # Hydra's own section holds values only a running app fills (hydra.job.num)
+        raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as exc:  # a `???` in conf/, e.g. data=text without data.paths
         raise ConfigError(f"{exc.full_key} must be set (it is ??? in conf/): add {exc.full_key}=... to the "
                           f"command line") from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
-        msg = _first_line(exc)
+        msg = _first_line(exc, overrides)
         unknown = re.match(r"Could not override '([^']+)'", msg)
         if unknown:
-            groups = [o for o in overrides if (CONF_DIR / o.split("=")[0]).is_dir()]  # sweep=..., cluster=...
+            groups = [o for o in overrides if any((d / o.split("=")[0]).is_dir() for d in search_dirs(overrides))
+                      or o.startswith("hydra.searchpath=")]  # sweep=..., cluster=..., --config-dir
             msg += _closest(unknown.group(1), lambda: composed(groups))
         raise ConfigError(msg) from None
     raw.pop("hydra", None)
@@ -267,13 +310,15 @@ def compose(overrides: list[str]) -> Settings:
     for key in ("poll_s", "progress_s"):
         if not matches(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
-    for key in ("model", "train", "data", "wandb", "probe", "prepare", "plan"):
+    for key in ("model", "train", "data", "wandb", "probe", "prepare", "plan", "init"):
         if not isinstance(raw[key], dict):
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
         raise ConfigError(f"results_dir must be a directory path, got {raw['results_dir']!r}")
     results_dir = Path(raw["results_dir"]).resolve()
     check_writable(results_dir)
+    if isinstance(raw["cluster"], dict):
+        raw["cluster"]["name"] = cluster_name(raw["cluster"].get("name"), choices.get("cluster"), overrides)
     cluster = _typed(Cluster, raw["cluster"], "cluster").validate()
     sweep = _typed(Sweep, raw["sweep"], "sweep")
     check_name(sweep.name, check_name(cluster.name, results_dir, "cluster.name"))
@@ -287,7 +332,35 @@ def compose(overrides: list[str]) -> Settings:
         progress_s=float(raw["progress_s"]),
         cluster=cluster, sweep=sweep, model=raw["model"], train=train_settings(raw["train"], sweep, overrides),
         data=raw["data"], wandb=_wandb_settings(raw["wandb"]), probe=_probe_settings(raw["probe"]),
-        prepare=_prepare_settings(raw["prepare"]), plan=_plan_settings(raw["plan"]))
+        prepare=_prepare_settings(raw["prepare"]), plan=_plan_settings(raw["plan"]),
+        init=_init_settings(raw["init"]), run=_run_id(raw["run"]))
+
+
+def _init_settings(raw: dict) -> dict:
+    reject_unknown("init", raw, ("name", "out"), ConfigError)
+    for key in ("name", "out"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ConfigError(f"init.{key} must be a string, got {raw[key]!r}")
+    return raw
+
+
+def _run_id(value) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value or "/" in value or value in (".", "..")):
+        raise ConfigError(f"run must be a run id of the sweep (a directory name), got {value!r}")
+    return value
+
+
+def cluster_name(name, choice: str | None, overrides: list[str]):
+    """A cluster is named by its file (mycluster.yaml: mycluster), which names <results_dir>/<name>/. A file whose
+    `name:` says otherwise was most likely copied from another cluster's and would write under that one's
+    directory: refused unless typed (cluster.name=...)."""
+    if any(re.match(r"^\+{0,2}cluster\.name=", o) for o in overrides) or choice is None:
+        return name
+    if name is not None and name != choice:
+        raise ConfigError(f"cluster file {choice}.yaml says name: {name}, so its results would go under {name}/ "
+                          f"(a copy of {name}.yaml?): delete that line (a cluster is named by its file), or type "
+                          f"cluster.name={name} to mean it")
+    return choice
 
 
 def _plan_settings(raw: dict) -> dict:
@@ -370,14 +443,17 @@ def _dotted(tree: dict, prefix: str = ""):
             yield from _dotted(value, f"{prefix}{key}.")
 
 
-def _first_line(exc: Exception) -> str:
+def _first_line(exc: Exception, overrides: list[str]) -> str:
     text = str(exc).strip().splitlines()
     msg = text[0] if text else type(exc).__name__
-    missing = re.search(r"Could not (?:find|load) '([^'/]+)/", msg)
-    if missing:  # name what exists, e.g. "(available sweep: paper_table3, smoke, ...)"
-        group = missing.group(1)
-        options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-        msg += f" (available {group}: {', '.join(options)})"
+    missing = re.search(r"Could not (?:find|load) '([^'/]+)/([^']*)'", msg)
+    if missing:  # name the option typed and what exists: "sweep=paper_tabel3: no such sweep; did you mean ...?"
+        group, value = missing.groups()
+        options = group_options(group, overrides)
+        close = difflib.get_close_matches(value, options, n=1, cutoff=0.6)
+        msg = (f"{group}={value}: no such {group} (no {group}/{value}.yaml on the config path)"
+               + (f"; did you mean {group}={close[0]}?" if close else "") + f" (available {group}: "
+               f"{', '.join(options)}; your own: --config-dir DIR with DIR/{group}/NAME.yaml)")
     elif msg.startswith("Ambiguous value for argument"):
         msg += ": several values sweep that key only in a multirun (python -m launcher -m ...)"
     elif msg.startswith("Could not override"):

@@ -204,8 +204,11 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
     if point:
         spec.run_id += multirun.suffix(point, axes)
         spec.axes = dict(point)
-    if sweep.repeats > 1:
+    if rep > 1:  # repeat 1 keeps the run's own id, so a run that finished before repeats were asked counts as it
         spec.run_id += f"-rep{rep}"
-        spec.train.seed += rep - 1  # repeats differ in seed, so they measure run-to-run spread
+    elif sweep.repeats > 1 and (settings.sweep_dir / f"{spec.run_id}-rep1").is_dir() \
+            and not (settings.sweep_dir / spec.run_id).exists():
+        spec.run_id += "-rep1"  # a sweep run before repeat 1 kept its id (results/ holds such)
+    spec.train.seed += rep - 1  # repeats differ in seed, so they measure run-to-run spread
     spec.out_dir = str(settings.sweep_dir / spec.run_id)
     return Run(spec=spec, nodes=nodes, note=note)

@@ -182,6 +182,19 @@ def earlier_run(*overrides):
     return prepare
 
 
+def cluster_file(name: str, base: str = "local", drop: str | None = None, name_line: str | None = None):
+    """{tmp}/site/cluster/NAME.yaml: conf/cluster/BASE.yaml with the line `DROP:` removed, or its name: line
+    replaced, as a user's copy outside the checkout (--config-dir {tmp}/site)."""
+    def prepare(ctx: Ctx):
+        lines = (ROOT / "conf" / "cluster" / f"{base}.yaml").read_text().splitlines()
+        lines = [line for line in lines if not (drop and line.startswith(f"{drop}:"))]
+        if name_line is not None:
+            lines = [name_line if line.startswith("name:") else line for line in lines]
+        (ctx.tmp / "site" / "cluster").mkdir(parents=True)
+        (ctx.tmp / "site" / "cluster" / f"{name}.yaml").write_text("\n".join(lines) + "\n")
+    return prepare
+
+
 def both(*steps):
     def prepare(ctx: Ctx):
         for step in steps:
@@ -219,13 +232,26 @@ def train(**spec):
 
 CASES = [
     # ---- configs: groups, keys, values
-    ("unknown-sweep", launcher("sweep=nope"), "Could not find 'sweep/nope' (available sweep: agg_frequency, "
-                                              "agg_tradeoff, batch_control_reference, batch_control_small, diloco, "
-                                              "diloco_streaming, learn, paper_table3, paper_table4, "
-                                              "precision_fp32, precision_paper, scaling_strong, scaling_weak, smoke",
-     None),
+    ("unknown-sweep", launcher("sweep=nope"), "sweep=nope: no such sweep (no sweep/nope.yaml on the config path) "
+                                              "(available sweep: agg_frequency, agg_tradeoff, batch_control_reference, "
+                                              "batch_control_small, diloco, diloco_streaming, learn, paper_table3, "
+                                              "paper_table4, precision_fp32, precision_paper, scaling_strong, "
+                                              "scaling_weak, smoke", None),
+    ("misspelt-sweep", launcher("sweep=paper_tabel3"), "did you mean sweep=paper_table3?", None),
     ("unknown-cluster", launcher("cluster=nope"), "available cluster: leonardo, local, nvl72, slurm", None),
     ("unknown-model", launcher("model=nope"), "available model: llama3_8b, mini, small, tiny", None),
+    ("misspelt-model", launcher("model=llama3-8b"), "model=llama3-8b: no such model (no model/llama3-8b.yaml on the "
+                                                    "config path); did you mean model=llama3_8b?", None),
+    ("word-without-equals", launcher("sweep", "paper_table3"), "'sweep' is not an override: overrides are key=value, "
+                                                               "e.g. sweep=paper_table3", None),
+    ("unknown-flag", launcher("--dry-run"), "unknown option --dry-run: did you mean action=dryrun?", None),
+    ("cluster-file-no-backend", launcher("--config-dir", "{tmp}/site", "cluster=mine"),
+     "cluster is missing key(s): backend", cluster_file("mine", drop="backend", name_line="name: null")),
+    ("cluster-file-copied-name", launcher("-cd", "{tmp}/site", "cluster=mine", "cluster.partition=gpu"),
+     "cluster file mine.yaml says name: slurm, so its results would go under slurm/ (a copy of slurm.yaml?)",
+     cluster_file("mine", base="slurm", name_line="name: slurm")),
+    ("host-memory-8b-local", launcher("sweep=paper_table3", "model=llama3_8b", "action=plan"),
+     "available (MemAvailable)", None),
     ("unknown-override-key", launcher("train.bogus=1"), "Could not override 'train.bogus': no such key", None),
     ("misspelt-key", launcher("train.epz=1e-6"), "no such key (the keys are in conf/); did you mean train.eps?", None),
     ("misspelt-section", launcher("clustr.nodes=2"), "did you mean cluster.nodes?", None),
@@ -380,6 +406,10 @@ CASES = [
      snapshot(nodes=_fixture("show_node_oneliner.txt").replace("State=IDLE", "State=SLEEPY", 1))),
     ("nodes-not-in-topology", launcher(*SNAP), "no node of `scontrol show node` appears in the topology",
      snapshot(nodes="NodeName=other1 State=IDLE Gres=gpu:4 Partitions=boost_usr_prod\n")),
+    ("gpus-per-node-not-the-nodes", launcher(*SNAP, "cluster.gpus_per_node=8"),
+     "cluster.gpus_per_node=8 but the nodes of partition boost_usr_prod have 4 GPUs (scontrol's Gres)", snapshot()),
+    ("partition-not-on-cluster", launcher(*SNAP, "cluster.partition=gpu"),
+     "partition 'gpu' does not exist on this cluster (scontrol's nodes are in boost_usr_prod)", snapshot()),
     # ---- environment
     ("no-sbatch", launcher("cluster=leonardo"), "`sbatch` is not on PATH", None),
     ("no-srun", launcher("cluster=leonardo"), "`srun` is not on PATH", tools(sbatch="")),
@@ -465,6 +495,10 @@ CASES = [
      "fewer than one global batch of 16 sequences", prepared_tokens()),
     ("prepare-not-tokens", launcher("action=prepare", "data=synthetic"),
      "action=prepare writes a data=tokens directory, but data.kind is 'synthetic'", None),
+    ("prepare-sources-not-a-list", launcher("action=prepare", "data=tokens", "data.path={tmp}/out",
+                                            "data.tokenizer={TOKENIZER}", "prepare.sources={tmp}/corpus"),
+     "prepare.sources must be a list of strings, got '{tmp}/corpus' (on the command line: prepare.sources=[a,b])",
+     None),
     ("prepare-no-sources", launcher("action=prepare", "data=tokens", "data.path={tmp}/out",
                                     "data.tokenizer={TOKENIZER}"), "action=prepare needs prepare.sources=[PATH,...]",
      None),

@@ -28,6 +28,32 @@ def test_help_lists_config_groups_and_their_choices(tmp_path):
     assert "Precedence, lowest first" in proc.stdout and "action=plan" in proc.stdout
 
 
+def test_help_into_a_closed_pipe_is_quiet(tmp_path):
+    """`fedshard --help | head -3`: the reader closes the pipe early (`true` reads nothing, so the write certainly
+    meets a closed pipe); no BrokenPipeError traceback, and head still gets the first lines."""
+    def piped(reader):
+        return subprocess.run(f"{sys.executable} -m launcher --help | {reader}", shell=True, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300, env=clean_env(slurm_client=False))
+    head = piped(f"{shutil.which('head')} -3")
+    assert head.stdout.splitlines()[0].startswith("fedshard: ") and len(head.stdout.splitlines()) == 3
+    closed = piped(shutil.which("true"))
+    assert closed.stderr == "", closed.stderr
+
+
+def test_version_and_config_dir_flags(tmp_path):
+    version = _run("-m", "launcher", "--version", cwd=tmp_path)
+    assert version.returncode == 0 and re.match(r"fedshard \S+ \(Hydra ", version.stdout), version.stdout
+    sweep = tmp_path / "mine" / "sweep"
+    sweep.mkdir(parents=True)
+    shutil.copy(ROOT / "conf" / "sweep" / "smoke.yaml", sweep / "my_smoke.yaml")
+    for flag in (["--config-dir", str(tmp_path / "mine")], ["-cd", str(tmp_path / "mine")],
+                 [f"--config-dir={tmp_path / 'mine'}"]):
+        proc = _run("-m", "launcher", *flag, "sweep=my_smoke", "action=plan", f"results_dir={tmp_path / 'r'}",
+                    cwd=tmp_path)
+        assert proc.returncode == 0, (flag, proc.stderr[-2000:])
+    assert (tmp_path / "r" / "local").is_dir()
+
+
 def test_cfg_prints_the_composed_config_and_submits_nothing(tmp_path):
     job = _run("-m", "launcher", "--cfg", "job", "sweep=testbed_table3", "model=tiny", "train.lr=0.5",
                f"results_dir={tmp_path / 'r'}", cwd=tmp_path)

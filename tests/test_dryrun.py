@@ -112,7 +112,7 @@ def test_action_dryrun_writes_measured_memory_and_collectives_sharing_runs_of_th
         assert memory["dryrun_peak_bytes"] > 0 and memory["dryrun_after_training_bytes"] > 0
         assert memory["model_bytes"] == int(run["memory_per_device"]["total"])
         source = played[run["run_id"]]["played_as"]
-        assert source == run["run_id"].replace("-rep2", "-rep1")
+        assert source == run["run_id"].replace("-rep2", "")
         peaks = played[source]["ranks"][0]["peak_bytes"]
         assert memory["dryrun_peak_bytes"] == max(peaks[p] for p in ("first_step", "step", "aggregation") if p in peaks)
         shard = played[run["run_id"]]["traffic"]["step"]["shard"]

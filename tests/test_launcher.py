@@ -87,8 +87,9 @@ def test_exclusions_repeats_and_axes():
     runs = expand(compose(["sweep=agg_frequency", "sweep.A=[1,4]", "sweep.repeats=2",
                            "sweep.exclude=[{strategy: fl_hsdp, A: 1}]"]))
     ids = [r.run_id for r in runs]
-    # round-robin: every configuration's first repeat before any second one, so drift spreads evenly
-    assert ids == ["fl_fsdp-F4-R1-S2-A1-rep1", "fl_fsdp-F4-R1-S2-A4-rep1", "fl_hsdp-F2-R2-S2-A4-rep1",
+    # round-robin: every configuration's first repeat before any second one, so drift spreads evenly; repeat 1
+    # keeps the run's own id
+    assert ids == ["fl_fsdp-F4-R1-S2-A1", "fl_fsdp-F4-R1-S2-A4", "fl_hsdp-F2-R2-S2-A4",
                    "fl_fsdp-F4-R1-S2-A1-rep2", "fl_fsdp-F4-R1-S2-A4-rep2", "fl_hsdp-F2-R2-S2-A4-rep2"]
     seeds = [r.spec.train.seed for r in runs]
     assert seeds[:3] == [seeds[0]] * 3 and seeds[3:] == [seeds[0] + 1] * 3  # repeat k: seed + k - 1, paired

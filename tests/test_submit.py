@@ -41,3 +41,7 @@ def test_sbatch_refusal_is_one_line_with_slurms_message(tmp_path, stderr, messag
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"fedshard: error: {message}"), proc.stderr
     assert calls == tries  # a wrong partition fails the same way again; a busy controller may not
     assert proc.stdout.count("trying again in") == tries - 1
+    # a run that never started leaves nothing behind: no run directory, no registered prediction, no submission
+    sweep = tmp_path / "results" / "leonardo" / "smoke"
+    assert not list(sweep.glob("*/prediction.json")) and not list(sweep.glob("*/spec.json"))
+    assert not list(sweep.rglob("*.pkl")) and not (sweep / "fsdp-F1-R1-S8").exists()

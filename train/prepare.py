@@ -274,11 +274,13 @@ def _index(jobs: list[Job], records: dict[str, dict], tok: Tokenizer, text_key: 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m train.prepare", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m train.prepare", description=__doc__.split("\n\n")[0],
+                                     epilog="Each run of fedshard then reads it with data=tokens data.path=OUT.")
     parser.add_argument("paths", nargs="+", help=".txt / .jsonl / .parquet files or directories")
     parser.add_argument("--tokenizer", required=True, help="a local tokenizer directory (tokenizer.json)")
     parser.add_argument("--out", required=True, type=Path, help="where the shards and index.json go")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="tokenizer processes (default: this machine's CPUs)")
     parser.add_argument("--text-key", default="text", help="the field (jsonl) or column (parquet) holding text")
     parser.add_argument("--eval-fraction", type=float, default=0.01, help="tail of the tokens held out")
     args = parser.parse_args(argv)

@@ -122,7 +122,9 @@ def check_types(obj, where: str, error: type[Exception], show=repr) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if not matches(value, hints[f.name]):
-            raise error(f"{where}.{f.name} must be {describe(hints[f.name])}, got {show(value)}")
+            form = f" (on the command line: {where}.{f.name}=[a,b])" if describe(hints[f.name]).startswith("a list") \
+                and not isinstance(value, list) else ""
+            raise error(f"{where}.{f.name} must be {describe(hints[f.name])}, got {show(value)}{form}")
 
 
 def matches(value, hint) -> bool:

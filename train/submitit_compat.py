@@ -33,11 +33,11 @@ def slurm_parameter_names() -> set[str]:
     return set(submitit.SlurmExecutor._valid_parameters())
 
 
-def sbatch_script(folder: Path, parameters: dict) -> str:
-    """The script SlurmExecutor would submit with these parameters, without submitting it."""
+def sbatch_script(folder: Path, parameters: dict, python: str | None = None) -> str:
+    """The script SlurmExecutor(python=python) would submit with these parameters, without submitting it."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    command = shlex.join([sys.executable, "-u", "-m", SUBMIT_MODULE, str(folder)])
+    command = shlex.join([python or sys.executable, "-u", "-m", SUBMIT_MODULE, str(folder)])
     return _make_sbatch_string(command=command, folder=folder, **parameters)
 
 

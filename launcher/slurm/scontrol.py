@@ -152,14 +152,27 @@ def topology_names(yaml_text: str) -> tuple[list[str], str | None]:
     return names, next((e["topology"] for e in entries if e.get("cluster_default")), None)
 
 
+def partitions_text(snapshot: str | None) -> str | None:
+    """`scontrol -o show partition`, or partitions.txt of a snapshot directory (None when it has none)."""
+    if snapshot is not None and not (Path(snapshot) / "partitions.txt").is_file():
+        return None
+    return run_scontrol(["-o", "show", "partition"]) if snapshot is None else _snapshot_file(snapshot, "partitions.txt")
+
+
+def snapshot_cluster_name(snapshot: str) -> str | None:
+    """ClusterName from config.txt (`scontrol show config`) of a snapshot directory, when it was captured."""
+    path = Path(snapshot) / "config.txt"
+    found = re.search(r"^ClusterName\s*=\s*(\S+)", path.read_text(), re.M) if path.is_file() else None
+    return found.group(1) if found else None
+
+
 def _partition_topology(partition, snapshot: str | None) -> str | None:
     """Topology= of the partition (SLURM >= 25.05), from `scontrol -o show partition` or partitions.txt."""
     if not partition:
         return None
-    if snapshot is not None and not (Path(snapshot) / "partitions.txt").is_file():
+    text = partitions_text(snapshot)
+    if text is None:
         return None
-    text = run_scontrol(["-o", "show", "partition", str(partition)]) if snapshot is None \
-        else _snapshot_file(snapshot, "partitions.txt")
     for record in re.split(r"(?=\bPartitionName=)", text):  # one-line (-o) or multi-line records
         if re.match(rf"PartitionName={re.escape(str(partition))}\s", record + " "):
             found = re.search(r"\bTopology=(\S+)", record)

@@ -59,9 +59,9 @@ def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
         extra = {**planned.topology_request, **extra}
     if cluster.device == "cuda":
         params["gpus_per_node"] = cluster.gpus_per_node
-    for key in ("account", "qos"):
-        if getattr(cluster, key):
-            params[key] = getattr(cluster, key)
+    for key in ("account", "qos", "cpus_per_task", "mem"):
+        if getattr(cluster, key) not in (None, ""):
+            params[key] = str(cluster.mem) if key == "mem" else getattr(cluster, key)
     known = submitit_compat.slurm_parameter_names()
     params.update({k: extra.pop(k) for k in list(extra) if k in known})
     if extra:
@@ -71,7 +71,7 @@ def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
 
 def sbatch_text(cluster: Cluster, planned: PlannedRun, folder: Path) -> str:
     """The script submitit would submit for this run (shown by action=plan)."""
-    return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, planned))
+    return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, planned), cluster.python)
 
 
 def resources(cluster: Cluster, planned: PlannedRun) -> dict:
@@ -105,7 +105,7 @@ def make_executor(cluster: Cluster, planned: PlannedRun, folder: Path):
         executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(tasks_per_node=planned.run.spec.world_size, nodes=1, timeout_min=cluster.time_min)
         return executor
-    executor = submitit.SlurmExecutor(folder=folder)
+    executor = submitit.SlurmExecutor(folder=folder, python=cluster.python)
     executor.update_parameters(**slurm_parameters(cluster, planned))
     return executor
 
