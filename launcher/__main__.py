@@ -51,8 +51,8 @@ def check_words(argv: list[str]) -> None:
             hint = f"did you mean action={action}? " if action else ""
             raise FedshardError(f"unknown option {arg}: {hint}fedshard takes key=value overrides (action=plan, "
                                 f"sweep=NAME, ...) and Hydra's flags (--config-dir DIR, --cfg job, --help, -m)")
-        if "=" not in arg and not arg.startswith("-") and (i == 0 or argv[i - 1] not in ("-c", "--cfg", "-p",
-                                                                                           "--package", "-sc")):
+        takes_value = ("-c", "--cfg", "-p", "--package", "-sc", "-i", "--info")  # --info's word is optional
+        if "=" not in arg and not arg.startswith("-") and (i == 0 or argv[i - 1] not in takes_value):
             after = argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1] else "VALUE"
             close = difflib.get_close_matches(arg, sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
                                               + ["action", "results_dir"], n=1)
