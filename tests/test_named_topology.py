@@ -25,6 +25,7 @@ case "$*" in
   "-o show partition nvl_test"|"-o show partition") cat {YAML}/show_partition_nvl.txt ;;
   "-o show partition boost_usr_prod") echo "PartitionName=boost_usr_prod Nodes=lrdn[0001-0008] State=UP" ;;
   "-d -o show node") cat {NODES} ;;
+  "show config") echo "ClusterName             = lab" ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
 esac
 """
@@ -98,8 +99,10 @@ def test_capture_keeps_every_named_topology_from_25_05(tmp_path, monkeypatch, ve
     done = subprocess.run([str(ROOT / "slurm" / "capture.sh"), str(snap)], capture_output=True, text=True,
                           env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, timeout=60)
     assert done.returncode == 0, done.stderr
-    extra = {"topoconf.yaml", "partitions.txt", "topology-ib.txt", "topology-nvl.txt"}
-    assert {p.name for p in snap.iterdir()} == {"topology.txt", "nodes.txt"} | (extra if named else set())
+    extra = {"topoconf.yaml", "topology-ib.txt", "topology-nvl.txt"}  # SLURM >= 25.05's named topologies
+    every = {"topology.txt", "nodes.txt", "partitions.txt", "config.txt"}  # init_cluster reads the last two
+    assert {p.name for p in snap.iterdir()} == every | (extra if named else set())
+    assert "ClusterName" in (snap / "config.txt").read_text()
     if named:
         assert (snap / "topology-nvl.txt").read_text() == (YAML / "show_topology_nvl.txt").read_text()
         settings = compose(["cluster=leonardo", f"cluster.snapshot={snap}", BW, "cluster.partition=nvl_test"])
