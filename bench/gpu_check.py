@@ -34,7 +34,8 @@ import torch
 from bench import gpu_job
 from train.errors import FedshardError
 from train.result import RunResult
-from train.spec import STRATEGIES, RunSpec
+from train.spec import RunSpec
+from train.strategy import STRATEGIES
 
 
 def layouts(ranks: int) -> dict[str, tuple[int, int, int]]:

@@ -24,6 +24,7 @@ from launcher.slurm.submit import attempt_folder, require_netns, resources, sbat
 from launcher.store import Store
 from launcher.sweep import PlannedRun, Run, expand
 from train.spec import write_atomic
+from train.strategy import STRATEGIES
 
 GB = 1e9
 
@@ -141,7 +142,8 @@ def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | N
     s = run.spec
     group_nodes, _ = allocate.units(s.F, s.R, s.S * s.train.pp * s.train.tp, cluster.gpus_per_node)
     if topo.block_size:
-        if run.spec.strategy == "fl_hsdp" and group_nodes > topo.block_size:
+        row = STRATEGIES[run.spec.strategy]
+        if row.federated and row.replicated and group_nodes > topo.block_size:
             raise ConfigError(f"{run.run_id}: a federation group of {group_nodes} nodes cannot sit inside one block "
                               f"of {topo.block_size}, so its replicas would cross blocks every step; choose F so that "
                               f"{run.nodes} / F <= {topo.block_size} (sweep.F)")

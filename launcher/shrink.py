@@ -7,6 +7,7 @@ from launcher.errors import ConfigError
 from launcher.placement import allocate
 from launcher.sweep import Run
 from train.spec import RunSpec
+from train.strategy import STRATEGIES
 
 
 class ShrinkError(ConfigError):
@@ -32,10 +33,9 @@ def layout_on(spec: RunSpec, nodes: int, G: int) -> tuple[int, int, int]:
     loosely coupled: the remaining ones continue from the federation's last average)."""
     if nodes < 1:
         raise ShrinkError(f"{spec.run_id}: no usable node is left to resume on")
-    if spec.strategy == "fsdp":
-        return 1, 1, nodes * G
-    if spec.strategy == "hsdp":
-        return 1, max(1, nodes * G // spec.S), spec.S
+    row = STRATEGIES[spec.strategy]
+    if not row.federated:  # FSDP shards over every GPU left; HSDP keeps its shard group and replicates it
+        return (1, max(1, nodes * G // spec.S), spec.S) if row.replicated else (1, 1, nodes * G)
     group = spec.R * spec.S
     F = min(spec.F, nodes * G // group)
     while F >= 2 and not _packs(F, spec.R, spec.S, G):

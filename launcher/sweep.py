@@ -17,7 +17,8 @@ from launcher.settings import Settings
 from train import token_index
 from train.errors import FedshardError
 from train.sections import ModelSection, TextData, TokensData, data_section
-from train.spec import STRATEGIES, RunSpec
+from train.spec import RunSpec
+from train.strategy import STRATEGIES
 
 
 @dataclass
@@ -52,15 +53,10 @@ def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None, tp: int
         raise ConfigError(f"pp*tp = {pp}*{tp} = {pp * tp} GPUs per shard neither divide a node's {gpus_per_node} "
                           f"GPUs nor fill whole nodes of the {nodes}")
     nodes, S = grid
-    if strategy == "fsdp":
-        return 1, 1, nodes * S
-    if strategy == "hsdp":
-        return 1, nodes, S
-    if strategy == "fl_fsdp":
-        return nodes, 1, S
-    if F is None or F < 2 or nodes % F:
-        raise ConfigError(f"fl_hsdp: F={F} federation groups must be >= 2 and divide the {nodes} nodes")
-    return F, nodes // F, S
+    try:
+        return STRATEGIES[strategy].grid(nodes, S, F)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def scaled_F(F: int, nodes: int, paper_nodes: int | None) -> tuple[int, str]:
@@ -154,8 +150,8 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
     batches = per_gpu_batches(settings, counts)
     for nodes in counts:
         for strategy in sweep.strategies:
-            As = sweep.A if strategy.startswith("fl_") else [None]
-            Fs = sweep.F if strategy == "fl_hsdp" else [None]
+            As = sweep.A if STRATEGIES[strategy].federated else [None]
+            Fs = sweep.F if STRATEGIES[strategy].chooses_F else [None]
             for F_asked, A, (tp, pp) in ((F_, A, mp) for F_ in Fs for A in As for mp in parallel):
                 F, note = scaled_F(F_asked, nodes, sweep.paper_nodes) if F_asked is not None else (None, "")
                 where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes, "tp": tp, "pp": pp}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from .dims import NAMES, Dims
+from .strategy import STRATEGIES
 
 
 def build(device_type: str, dims: Dims) -> DeviceMesh:
@@ -17,6 +18,5 @@ def build(device_type: str, dims: Dims) -> DeviceMesh:
 
 def data_parallel_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:
     """The mesh fully_shard uses: 1-D shard for FSDP-like, 2-D replicate x shard for HSDP-like."""
-    if strategy in ("hsdp", "fl_hsdp"):
-        return mesh["replicate", "shard"]
-    return mesh["shard"]
+    dims = STRATEGIES[strategy].mesh_dims
+    return mesh[dims] if len(dims) > 1 else mesh[dims[0]]

@@ -17,8 +17,8 @@ from . import profiling
 from .dims import Dims
 from .errors import SpecError
 from .sections import DataSection, ModelSection, SyntheticData, check_types, data_section, data_to_dict, reject_unknown
+from .strategy import STRATEGIES
 
-STRATEGIES = ("fsdp", "hsdp", "fl_fsdp", "fl_hsdp")
 # FedAvg packs shards into flat buffers of at most this size, one collective each (train.federated; the
 # step-time model counts them without importing torch).
 FEDAVG_CHUNK_BYTES = 256 * 2**20
@@ -195,7 +195,7 @@ class RunSpec:
 
     @property
     def federated(self) -> bool:
-        return self.strategy.startswith("fl_")
+        return STRATEGIES[self.strategy].federated
 
     def validate(self) -> "RunSpec":
         if self.strategy not in STRATEGIES:
@@ -204,14 +204,8 @@ class RunSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SpecError(f"{key} must be a positive integer, got {value!r}")
-        rules = {
-            "fsdp": (self.F == 1 and self.R == 1, "fsdp needs F = 1 and R = 1"),
-            "hsdp": (self.F == 1, "hsdp needs F = 1 (use fl_hsdp for federation groups)"),
-            "fl_fsdp": (self.R == 1, "fl_fsdp needs R = 1 (use fl_hsdp for replicas)"),
-            "fl_hsdp": (True, ""),
-        }
-        ok, why = rules[self.strategy]
-        if not ok:
+        why = STRATEGIES[self.strategy].accepts(self.F, self.R)
+        if why:
             raise SpecError(f"{why}; got (F, R, S) = ({self.F}, {self.R}, {self.S})")
         self.train.validate()
         check_model_parallel(self.model.llama_kwargs, self.train.tp, self.train.pp)

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.spec import INT8_BLOCK, STRATEGIES  # torch-free
+from train.spec import INT8_BLOCK  # torch-free
+from train.strategy import STRATEGIES
 
 LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
@@ -102,7 +103,7 @@ def _terms(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
     for key, size in (("F", F), ("R", R), ("S", S)):
         if size < 1:
             raise ValueError(f"{key} must be >= 1, got {size}")
-    federated, replicated = strategy.startswith("fl_"), strategy.endswith("hsdp")
+    federated, replicated = STRATEGIES[strategy].federated, STRATEGIES[strategy].replicated
     for key, size, allowed in (("F", F, federated), ("R", R, replicated)):
         if size != 1 and not allowed:
             raise ValueError(f"{key} must be 1 for {strategy}, got {size}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from launcher.placement import allocate
 from launcher.placement.costmodel import Model, predict
 from launcher.placement.topology import Topology
+from train.strategy import STRATEGIES
 
 AS = (1, 2, 4, 8, 16, 32)
 
@@ -23,10 +24,7 @@ def candidates(nodes: int, G: int, As=AS, parallel=((1, 1),)) -> list[tuple]:
         if grid is None:
             continue
         n, g = grid
-        out += [("fsdp", 1, 1, n * g, None, P, T)]
-        if n > 1:
-            out += [("hsdp", 1, n, g, None, P, T)] + [("fl_fsdp", n, 1, g, A, P, T) for A in As]
-            out += [("fl_hsdp", F, n // F, g, A, P, T) for F in range(2, n) if n % F == 0 for A in As]
+        out += [(name, *layout, P, T) for name, row in STRATEGIES.items() for layout in row.candidates(n, g, As)]
     return out
 
 

@@ -1,9 +1,11 @@
 """The paper's published Tables 3-4 and its 512-GPU layouts, so a report can set a matching run beside them."""
 from __future__ import annotations
 
+from train.strategy import STRATEGIES
+
 LLAMA3_8B_PARAMS = 8_030_261_248
 PAPER_A = 8
-NAMES = {"fsdp": "FSDP", "hsdp": "HSDP", "fl_fsdp": "FL+FSDP", "fl_hsdp": "FL+HSDP"}
+NAMES = {name: row.label for name, row in STRATEGIES.items()}
 LAYOUTS = {"fsdp": (1, 1, 512), "hsdp": (1, 128, 4), "fl_fsdp": (128, 1, 4), "fl_hsdp": (16, 8, 4)}  # (F, R, S)
 
 # Seconds and perplexities; phases are per-step means, aggregation too: (mean, std) over all steps, most
@@ -28,4 +30,4 @@ def reproduces_paper(result: dict) -> bool:
         return False
     if (result.get("F"), result.get("R"), result.get("S")) != LAYOUTS[strategy]:
         return False
-    return not strategy.startswith("fl_") or result.get("A") == PAPER_A
+    return not STRATEGIES[strategy].federated or result.get("A") == PAPER_A
