@@ -14,7 +14,10 @@ time. `InFlight` drives one:
 
 `ExchangeClock` measures the seconds exchanges took where they ran: on GPU between events recorded on the stream
 that ran them (the exchange's own, or the current one for a blocking average); on CPU from each stage's launch to
-the moment gloo completed its last collective (a Future callback). It is read once, after training.
+the first moment the training thread sees its collectives completed: it asks gloo (`Work.is_completed`, no wait)
+after every step while a stage is in flight, and waits for it where its value is used. An exchange that completes
+in the middle of a step is thus counted to that step's end. No Python runs on gloo's threads (a Future callback
+would take the GIL and release tensors there). It is read once, after training.
 """
 from __future__ import annotations
 
@@ -74,7 +77,8 @@ class ExchangeClock:
     def __init__(self, device: str):
         self.cuda = device == "cuda"
         self.stream = torch.cuda.Stream() if self.cuda else None
-        self.spans: list[tuple] = []  # GPU: (start, end) events; CPU: (start, completion stamps, collectives)
+        self.spans: list = []  # GPU: (start, end) events; CPU: [start, end or None, works still in flight]
+        self.open: list = []  # CPU: the stages in flight
 
     def mark(self, stream=None):
         if not self.cuda:
@@ -85,21 +89,36 @@ class ExchangeClock:
 
     def span(self, start, end) -> None:
         """A span between two marks of the same stream (on CPU: the host's clock around a blocking exchange)."""
-        self.spans.append((start, [end], 1) if not self.cuda else (start, end))
+        self.spans.append([start, end, []] if not self.cuda else (start, end))
 
-    def stage(self, start: float, works: list[dist.Work]) -> None:
-        """CPU: a stage launched at `start` ends when gloo completes its last collective."""
-        stamps: list[float] = []  # appended on gloo's threads (list.append is atomic)
-        for work in works:
-            work.get_future().then(lambda _: stamps.append(time.perf_counter()))
-        self.spans.append((start, stamps, len(works)))
+    def stage(self, start: float, works: list[dist.Work]) -> list:
+        """CPU: a stage launched at `start`, open until its collectives are seen completed (`poll`, `landed`)."""
+        span = [start, None, list(works)]
+        self.spans.append(span)
+        self.open.append(span)
+        return span
+
+    def poll(self) -> None:
+        """CPU: close every open stage whose collectives gloo has completed (asked without waiting)."""
+        for span in [s for s in self.open if all(work.is_completed() for work in s[2])]:
+            self._close(span)
+
+    def _close(self, span: list, end: float | None = None) -> None:
+        span[1], span[2] = time.perf_counter() if end is None else end, []
+        self.open.remove(span)
+
+    def landed(self, span: list, end: float | None = None) -> None:
+        """CPU: a stage whose collectives the exchange has just waited for (at `end`: when the next stage began, or
+        now), unless a poll saw them completed earlier."""
+        if span[1] is None:
+            self._close(span, end)
 
     def seconds(self) -> float:
         """The total, read after training (on GPU it waits for the last exchange's events)."""
         if self.cuda:
             torch.cuda.synchronize()
             return sum(a.elapsed_time(b) / 1e3 for a, b in self.spans)
-        return sum(max(stamps) - start for start, stamps, n in self.spans if len(stamps) == n and stamps)
+        return sum(end - start for start, end, _ in self.spans if end is not None)
 
 
 class InFlight:
@@ -107,7 +126,7 @@ class InFlight:
 
     def __init__(self, exchange: Exchange, clock: ExchangeClock):
         self.exchange, self.clock = exchange, clock
-        self.done, self.value = False, None
+        self.done, self.value, self.in_flight = False, None, None
         if clock.cuda:
             stream = clock.stream
             stream.wait_stream(torch.cuda.current_stream())  # the values to send were computed there
@@ -121,11 +140,15 @@ class InFlight:
     def _next(self) -> None:
         """CPU: wait for the stage in flight (if any) and launch the next."""
         try:
-            start, works = next(self.exchange)
+            start, works = next(self.exchange)  # waits for the stage in flight, then launches the next
         except StopIteration as done:
-            self.value, self.done = done.value, True
+            if self.in_flight is not None:
+                self.clock.landed(self.in_flight)
+            self.value, self.done, self.in_flight = done.value, True, None
             return
-        self.clock.stage(start, works)
+        if self.in_flight is not None:
+            self.clock.landed(self.in_flight, start)
+        self.in_flight = self.clock.stage(start, works)
 
     def result(self):
         """The exchange's value, usable on the current stream from here on."""

@@ -86,6 +86,8 @@ class DiLoCo(FedAvg):
         if not self.streamed:
             return super().after_step(steps_done)
         acted = False
+        if self.pending is not None and not self.clock.cuda:
+            self.clock.poll()  # the exchange in flight: has gloo completed it (no wait)?
         if self.pending is not None and self.pending.lands_after == steps_done:
             self._land()
             acted = True

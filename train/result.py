@@ -147,7 +147,8 @@ class RunResult:
                                       "data streams were no longer trained from there on", default_factory=list)
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
                                          "behind training or not, timed where the exchange ran: device events on its "
-                                         "stream on GPU, launch to gloo's completion on CPU (rank max; the "
+                                         "stream on GPU, on CPU from launch to the first step end (or landing) "
+                                         "that finds gloo done (rank max; the "
                                          "aggregation phase shows the exposed part when train.outer_delay overlaps "
                                          "it)", default=0.0)
     baseline_ppl: float | None = _doc("perplexity of the best context-free (unigram) model of the eval data: the "
