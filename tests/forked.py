@@ -24,10 +24,10 @@ from pathlib import Path
 import train.local_ranks
 from train.launch_env import free_port
 
-# The forkserver starts once per pytest process, with whichever preload list is set then: both users set this one.
-PRELOAD = [*train.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.plan", "launcher.run",
-           "launcher.report.results", "launcher.report.write", "launcher.validate"]  # not __main__: runpy runs it
-train.local_ranks.PRELOAD[:] = PRELOAD
+# The forkserver starts once per pytest process, with the preload of whichever call starts it: every test passes
+# this one (forked children here, tests.support.run_ranks for gloo ranks).
+PRELOAD = (*train.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.plan", "launcher.run",
+           "launcher.report.results", "launcher.report.write", "launcher.validate")  # not __main__: runpy runs it
 
 
 def _child(module: str, argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:
@@ -62,7 +62,7 @@ def _child(module: str, argv: list[str], cwd: str, env: dict, out: str, err: str
 
 
 def _start(module: str, argv: list[str], cwd, env: dict, out: Path, err: Path) -> multiprocessing.Process:
-    multiprocessing.set_forkserver_preload(PRELOAD)
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
     proc = multiprocessing.get_context("forkserver").Process(
         target=_child, args=(module, [str(a) for a in argv], str(cwd), dict(env), str(out), str(err)))
     proc.start()

@@ -67,7 +67,6 @@ def uninterrupted(spec: dict):
     writes into its out_dir (metrics.jsonl, evals.jsonl, checkpoints, result.json); returns the result. The
     reference an interrupted run is compared with, without each rank's ~4 s start of a fresh interpreter; the
     interrupted runs themselves go through the real entrypoint."""
-    from train.local_ranks import run_ranks
     from train.spec import RunSpec
 
     return run_ranks(_uninterrupted_rank, RunSpec.from_dict(spec).world_size, spec)[0]
@@ -89,3 +88,12 @@ def _uninterrupted_rank(rank: int, world: int, raw: dict):
     if result is not None:
         result.save(out_dir / "result.json")
     return result
+
+
+def run_ranks(fn, world: int, *args) -> list:
+    """train.local_ranks.run_ranks with the tests' forkserver preload (tests/forked.py), so whichever test starts the
+    forkserver, every later one finds the launcher imported too."""
+    from tests import forked
+    from train import local_ranks
+
+    return local_ranks.run_ranks(fn, world, *args, preload=forked.PRELOAD)

@@ -4,12 +4,12 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
+from tests.support import run_ranks
 from train import alignment
 from train import mesh as meshes
 from train import model as models
 from train.dims import Dims
 from train.errors import AlignmentError
-from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

@@ -3,7 +3,7 @@ import statistics
 
 import pytest
 
-from train.local_ranks import run_ranks
+from tests.support import run_ranks
 
 TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
         "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64}

@@ -105,7 +105,7 @@ def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[lis
 
 
 def test_alignment_guard_runs_again_before_the_first_average_after_resume(tmp_path):
-    from train.local_ranks import run_ranks
+    from tests.support import run_ranks
 
     for before, after in run_ranks(_guard_calls_around_resume, 2, str(tmp_path)):
         assert before == [True]   # a fresh run checks layouts and initial contents once, at start
@@ -135,7 +135,7 @@ def test_checkpoint_time_is_kept_out_of_training_time(tmp_path):
     """Checkpoints (asked for every step, taken at each FedAvg: steps 2, 4, 6, and after the last step, 8) each
     take >= 2 s longer than usual; training time must not grow by them. The margin (half the injected 6 s of
     the three inside the loop) is not a speed target."""
-    from train.local_ranks import run_ranks
+    from tests.support import run_ranks
 
     result = run_ranks(_run_with_slow_checkpoints, 2, str(tmp_path))[0]
     assert result["checkpoints"] == 4

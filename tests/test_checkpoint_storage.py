@@ -9,7 +9,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from launcher.placement.costmodel import checkpoint_bytes
-from train.local_ranks import run_ranks
+from tests.support import run_ranks
 
 STEP_COUNTERS = 4 * 64  # AdamW's per-tensor step count (fp32 scalars), per group: fewer than 64 tensors here
 LAYOUTS = [("fsdp", 1, 1, 4, None, "fp32"), ("fl_fsdp", 4, 1, 1, 2, "fp32"), ("fl_hsdp", 2, 2, 1, 2, "paper")]

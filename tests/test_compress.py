@@ -3,8 +3,8 @@ within the bound the module states, and the bytes that travel."""
 import torch
 import torch.distributed as dist
 
+from tests.support import run_ranks
 from train import compress, inflight
-from train.local_ranks import run_ranks
 
 F, N = 4, 8 * compress.BLOCK * 4
 

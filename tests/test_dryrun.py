@@ -8,8 +8,8 @@ from launcher.__main__ import main
 from launcher.dryrun import sent_bytes, traffic
 from launcher.plan import model_sent_bytes
 from launcher.sweep import Run
+from tests.support import run_ranks
 from train.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
-from train.local_ranks import run_ranks
 from train.spec import RunSpec
 
 TINY = {"preset": "tiny"}

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from tests.support import run_ranks
 from train import energy, exposed
-from train.local_ranks import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

@@ -8,10 +8,10 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from tests.support import run_ranks
 from train import mesh as meshes
 from train.dims import Dims
 from train.federated import FedAvg
-from train.local_ranks import run_ranks
 from train.parallelize import local
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -6,8 +6,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from tests.support import run_ranks
 from train import compress, inflight
-from train.local_ranks import run_ranks
 
 WORLD = 2
 TRAINING_S = 0.5  # what the host does while the exchange is in flight

@@ -15,7 +15,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile
 
 from launcher.placement import memory
-from train.local_ranks import run_ranks
+from tests.support import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

@@ -3,11 +3,11 @@ import resource
 
 from torch.distributed.tensor import DTensor
 
+from tests.support import run_ranks
 from train import mesh as meshes
 from train import model as models
 from train import parallelize
 from train.dims import Dims
-from train.local_ranks import run_ranks
 
 
 def _shard_8b(rank, world):

@@ -11,8 +11,7 @@ import pytest
 
 from tests import forked
 from tests.reference import Reference
-from tests.support import clean_env, losses, uninterrupted
-from train.local_ranks import run_ranks
+from tests.support import clean_env, losses, run_ranks, uninterrupted
 from train.loop import Trainer
 from train.result import RunResult
 from train.spec import RunSpec

@@ -45,7 +45,7 @@ def _poisoned_run(rank: int, world: int, out_dir: str, train: dict) -> dict:
 
 @pytest.mark.parametrize("outer", sorted(OUTERS))
 def test_an_inf_gradient_stops_the_run_before_the_next_fedavg(outer, tmp_path):
-    from train.local_ranks import run_ranks
+    from tests.support import run_ranks
 
     ranks = run_ranks(_poisoned_run, 2, str(tmp_path), OUTERS[outer])
     errors = {r["error"] for r in ranks}
@@ -63,7 +63,7 @@ def test_an_inf_gradient_stops_the_run_before_the_next_fedavg(outer, tmp_path):
 
 @pytest.mark.parametrize("outer", sorted(OUTERS))
 def test_skip_step_drops_the_poisoned_update_on_every_rank(outer, tmp_path):
-    from train.local_ranks import run_ranks
+    from tests.support import run_ranks
 
     ranks = run_ranks(_poisoned_run, 2, str(tmp_path), {**OUTERS[outer], "on_nonfinite": "skip_step"})
     assert all(r["error"] is None and r["finite"] for r in ranks)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.reference import Reference
-from train.local_ranks import run_ranks
+from tests.support import run_ranks
 from train.loop import Trainer
 from train.spec import RunSpec
 

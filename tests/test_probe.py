@@ -2,7 +2,7 @@
 import pytest
 
 from launcher.placement.alphabeta import COLLECTIVES, fit
-from train.local_ranks import run_ranks
+from tests.support import run_ranks
 
 SIZES = [1 << 10, 1 << 16, 1 << 20, 1 << 24]  # 16 MiB: far above the jitter of 4 ranks on 2 cores
 LEVELS = {"node": [[0, 1], [2, 3]], "leaf": [[0, 2], [1, 3]], "all": [[0, 1, 2, 3]]}

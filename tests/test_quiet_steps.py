@@ -5,9 +5,9 @@ group has the run's timeout, not torch's per-group default."""
 import torch
 import torch.distributed as dist
 
+from tests.support import run_ranks
 from train import launch_env
 from train.dryrun import Watch, group_names
-from train.local_ranks import run_ranks
 from train.spec import RunSpec
 
 STEPS, TALKS = 8, {4, 8}  # log_every = A = 4: steps 4 and 8 log and average; the stop signal is agreed there

@@ -3,8 +3,8 @@ under precision=paper (bf16 parameters), the shard group's reduce-scatters carry
 fp32 and 2 with bf16, counted by train.dryrun's dispatch mode, and result.json records the choice."""
 import torch
 
+from tests.support import run_ranks
 from train.dryrun import Watch, group_names
-from train.local_ranks import run_ranks
 from train.spec import RunSpec
 
 

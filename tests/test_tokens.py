@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import WORDS
-from train.local_ranks import run_ranks
+from tests.support import run_ranks
 from train.prepare import prepare
 from train.sections import TokensData
 from train.tokens import TokensSource

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 from train.job import leave_without_finalization
 from train.launch_env import free_port
 
-PRELOAD = ["train.loop"]  # imports torch, torch.distributed's FSDP2/DTensor/checkpoint and transformers' Llama
+PRELOAD = ("train.loop",)  # imports torch, torch.distributed's FSDP2/DTensor/checkpoint and transformers' Llama
 
 
 def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> None:
@@ -35,10 +35,11 @@ def _entry(rank: int, fn, world: int, port: int, out_dir: str, args: tuple) -> N
     leave_without_finalization(0)
 
 
-def run_ranks(fn, world: int, *args) -> list:
-    """fn(rank, world, *args) on `world` processes forked from the forkserver; returns their values in rank order."""
+def run_ranks(fn, world: int, *args, preload: tuple[str, ...] = PRELOAD) -> list:
+    """fn(rank, world, *args) on `world` processes forked from the forkserver; returns their values in rank order.
+    `preload`: the modules the forkserver imports when this call starts it (one already running keeps its own)."""
     with tempfile.TemporaryDirectory() as out_dir:
-        multiprocessing.set_forkserver_preload(PRELOAD)
+        multiprocessing.set_forkserver_preload(list(preload))
         mp.start_processes(_entry, args=(fn, world, free_port(), out_dir, args), nprocs=world, join=True,
                            start_method="forkserver")
         return [pickle.loads(Path(out_dir, f"{r}.pkl").read_bytes()) for r in range(world)]
