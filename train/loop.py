@@ -18,7 +18,7 @@ from . import model as models
 from .errors import SpecError
 from .federated import FedAvg
 from .nonfinite import Guard
-from .outer import DiLoCo
+from .outer import DiLoCo, OuterStep
 from .preemption import StopRequest
 from .result import RankRecord, RunResult, target_crossing
 from .spec import RunSpec
@@ -62,8 +62,8 @@ class Trainer:
                 self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, **shared)
             else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
-                self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, lr, momentum, c.outer_offload,
-                                     c.aggregation_dtype, c.outer_fragments, c.outer_delay,
+                outer = OuterStep(lr, momentum, c.outer_offload, c.aggregation_dtype, c.outer_fragments, c.outer_delay)
+                self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, outer,
                                      [(name, p.numel()) for name, p in whole.named_parameters()], **shared)
         # exposed communication: the time each step waits for collectives (None where it cannot be measured)
         self.blocked = exposed.Blocked(device) if exposed.why_not(device, self.cfg.tp) is None else None
@@ -292,24 +292,22 @@ class Trainer:
         self.log.add_eval(self.cfg.steps, train_time, eval_ppl)
         profiled = self.profiler.write(Path(self.spec.out_dir), self.rank)  # every rank, or none (one window)
         sent, exchange_s = (self.fedavg.event_bytes, self.fedavg.exchange_s) if self.fedavg is not None else (0, 0.0)
-        peak = metrics.peak_memory_bytes(self.device)
-        maxima = torch.tensor([peak, sent, exchange_s, self.state.skipped_steps], dtype=torch.float64,
-                              device=self.device)
-        dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+        measured = metrics.across_ranks({  # after training: the run's one read of these
+            "peak_memory_bytes": ("max", int(metrics.peak_memory_bytes(self.device))),
+            "aggregation_bytes": ("max", int(sent)), "aggregation_exchange_s": ("max", float(exchange_s)),
+            "skipped_steps": ("max", int(self.state.skipped_steps))}, self.device)
         readings = [None] * self.world
         dist.all_gather_object(readings, (joules, energy_source))
         if self.rank != 0:
             return None
-        peak, sent, exchange_s, skipped = maxima.tolist()  # after training: the run's one read of these
         not_measured = exposed.why_not(self.device, self.cfg.tp)
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD[self.device],
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
         profile = {"steps": self.profiler.recorded, "traces": [profiling.trace_name(r) for r in range(self.world)]} \
             if profiled else None
-        return self.summary(train_time, eval_ppl, eval_time, int(peak), ranks, backend,
-                            {"aggregation_bytes": int(sent), "aggregation_exchange_s": exchange_s,
-                             "skipped_steps": int(skipped), "profile": profile, **efficiency})
+        return self.summary(train_time, eval_ppl, eval_time, ranks, backend,
+                            {**measured, "profile": profile, **efficiency})
 
     def _open_meter(self, node: str, machines: list[str], gpus: list[str | None]) -> str | None:
         """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id; `gpus`: every
@@ -325,7 +323,7 @@ class Trainer:
         self.meter.start()
         return counter.source
 
-    def summary(self, train_time, eval_ppl, eval_time, peak, ranks, backend, measured: dict) -> RunResult:
+    def summary(self, train_time, eval_ppl, eval_time, ranks, backend, measured: dict) -> RunResult:
         spec, cfg = self.spec, self.cfg
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         first = self.log.first_step()
@@ -352,7 +350,7 @@ class Trainer:
             phases=self.log.phase_stats(), aggregation_event=self.log.aggregation_event_stats(),
             aggregations=self.state.aggregations, timing=cfg.timing, precision=cfg.precision,
             reduce_dtype=cfg.reduce_dtype, params=n_params,
-            peak_memory_bytes=peak, mfu=mfu, device=self.device, backend=backend,
+            mfu=mfu, device=self.device, backend=backend,
             data={**self.source.describe(), **self.source.seen(tokens)},
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
             layout_changes=self.state.layout_changes,

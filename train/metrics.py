@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from . import exposed
+from .files import write_atomic
 from .result import PHASES, Stats, StepTimes
-from .spec import write_atomic
 
 
 class _Pending(NamedTuple):
@@ -162,3 +162,25 @@ def peak_memory_bytes(device: str) -> int:
     if device == "cuda":
         return int(torch.cuda.max_memory_allocated())
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+REDUCTIONS = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
+
+
+def across_ranks(values: dict[str, tuple[str, float]], device: str) -> dict[str, float | int]:
+    """Named per-rank numbers, {name: (max | sum, value)}, reduced over every rank by name: one collective per kind
+    of reduction and one host read, after training. An int comes back an int, so the result's fields keep their
+    types; a new measure is one more entry here and its field in train.result."""
+    unknown = {kind for kind, _ in values.values()} - set(REDUCTIONS)
+    if unknown:
+        raise ValueError(f"unknown reduction(s) {sorted(unknown)}; expected one of {', '.join(REDUCTIONS)}")
+    out: dict[str, float | int] = {}
+    for how, op in REDUCTIONS.items():
+        names = [name for name, (kind, _) in values.items() if kind == how]
+        if not names:
+            continue
+        reduced = torch.tensor([float(values[name][1]) for name in names], dtype=torch.float64, device=device)
+        dist.all_reduce(reduced, op=op)
+        for name, value in zip(names, reduced.tolist()):
+            out[name] = int(value) if isinstance(values[name][1], int) else value
+    return out
