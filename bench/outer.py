@@ -15,7 +15,7 @@ import statistics
 from bench.fedavg import timed
 from train.local_ranks import run_ranks
 from train.loop import Trainer
-from train.outer import DiLoCo
+from train.outer import DiLoCo, OuterStep
 from train.spec import RunSpec
 
 MODES = ("fedavg", "diloco", "fedavg_int8", "fedavg_bf16")
@@ -26,9 +26,9 @@ def _worker(rank, world, spec_dict, rounds, offload):
     trainer = Trainer(spec, rank, "cpu")
     trainer.restore()
     args = (trainer.model, trainer.optimizer, trainer.mesh, spec.A)
-    modes = {"fedavg": trainer.fedavg, "diloco": DiLoCo(*args, 0.7, 0.9, offload),
-             "fedavg_int8": DiLoCo(*args, 1.0, 0.0, offload, "int8"),
-             "fedavg_bf16": DiLoCo(*args, 1.0, 0.0, offload, "bf16")}
+    modes = {"fedavg": trainer.fedavg, "diloco": DiLoCo(*args, OuterStep(0.7, 0.9, offload)),
+             "fedavg_int8": DiLoCo(*args, OuterStep(1.0, 0.0, offload, "int8")),
+             "fedavg_bf16": DiLoCo(*args, OuterStep(1.0, 0.0, offload, "bf16"))}
     times: dict[str, list[float]] = {m: [] for m in MODES}
     for i in range(rounds):
         for m in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:

@@ -3,16 +3,15 @@ or after it was killed. They read manifest.jsonl and the jobs' logs and ask the 
 sweep's lock, so they work beside a running launcher, which records what its jobs do."""
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
-from launcher.errors import ConfigError, StateError, SubmitError
+from launcher import scheduler as schedulers
+from launcher.errors import ConfigError, StateError
 from launcher.lock import SweepLock
 from launcher.progress import last_step
 from launcher.settings import Settings
-from launcher.slurm import scontrol
-from launcher.slurm.submit import attempt_folder, reattach
+from launcher.slurm.submit import attempt_folder
 from launcher.store import FINAL, Store
 from launcher.sweep import Run, expand
 from train import submitit_compat
@@ -40,18 +39,17 @@ def _last_line(paths: list[Path]) -> str:
 def live_states(settings: Settings, store: Store, runs: list[Run]) -> dict[str, str]:
     """The scheduler's word on every run the manifest has not settled: squeue/scontrol on SLURM (one call), the
     controller process of this machine's jobs."""
-    open_runs = {r.run_id: r for r in runs if store.entries.get(r.run_id, {}).get("job_id")
-                 and store.state(r.run_id) not in FINAL}
-    if settings.cluster.executor == "slurm":
-        ids = {run_id: str(store.entries[run_id]["job_id"]) for run_id in open_runs}
-        states = scontrol.job_states(list(ids.values())) if ids else {}
-        return {run_id: states.get(job_id) or "ENDED" for run_id, job_id in ids.items()}
+    return schedulers.of(settings.cluster).live(_jobs(settings, store, [
+        r for r in runs if store.entries.get(r.run_id, {}).get("job_id") and store.state(r.run_id) not in FINAL]))
+
+
+def _jobs(settings: Settings, store: Store, runs: list[Run]) -> dict[str, tuple[Run, Path, str]]:
+    """{run: (run, its latest attempt's folder, its job id)} of runs the manifest gives a job."""
     out = {}
-    for run_id, run in open_runs.items():
-        entry = store.entries[run_id]
-        job = reattach(settings.cluster, run, attempt_folder(settings.sweep_dir / run_id, entry["attempts"]),
-                       entry["job_id"])
-        out[run_id] = "RUNNING" if job.get_info()["jobState"] == "RUNNING" else "ENDED"
+    for run in runs:
+        entry = store.entries[run.run_id]
+        out[run.run_id] = (run, attempt_folder(settings.sweep_dir / run.run_id, entry["attempts"]),
+                           str(entry["job_id"]))
     return out
 
 
@@ -87,20 +85,7 @@ def cancel(settings: Settings) -> int:
         print(f"nothing to cancel: no job of sweep {settings.sweep.name} is queued or running")
         return 0
     by_id = {r.run_id: r for r in runs}
-    if settings.cluster.executor == "slurm":
-        ids = [str(store.entries[run_id]["job_id"]) for run_id in live]
-        try:
-            proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SubmitError(f"scancel {' '.join(ids)} failed: {exc}") from None
-        if proc.returncode:
-            first = next(iter(proc.stderr.strip().splitlines()), f"exit code {proc.returncode}")
-            raise SubmitError(f"scancel {' '.join(ids)} failed: {first}")
-    else:
-        for run_id in live:
-            entry = store.entries[run_id]
-            reattach(settings.cluster, by_id[run_id], attempt_folder(settings.sweep_dir / run_id, entry["attempts"]),
-                     entry["job_id"]).cancel()
+    schedulers.of(settings.cluster).cancel(_jobs(settings, store, [by_id[run_id] for run_id in live]))
     try:
         with SweepLock(settings.sweep_dir):  # no launcher waits on them: the manifest is ours to settle
             for run_id in live:

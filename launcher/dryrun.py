@@ -19,10 +19,11 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 from launcher.placement.alphabeta import bus_factor
-from launcher.plan import human_bytes
+from launcher.report.tables import human_bytes
 from launcher.sweep import Run
 from train.dims import NAMES
-from train.spec import RunSpec, write_atomic
+from train.files import write_atomic
+from train.spec import RunSpec
 
 GB = 1e9
 TIMEOUT_S = 600  # one rank of one run; an 8B model at 512 ranks takes about a minute (train.dryrun)

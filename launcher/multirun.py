@@ -5,11 +5,11 @@ glob() over a group's options) means what Hydra documents."""
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
 from launcher.settings import CONF_DIR
+from launcher.sweep import expand
 
 FLAGS = ("-m", "--multirun")
 # what may vary between the runs of one sweep: what is trained, on what data, with what model
@@ -65,17 +65,11 @@ def points(axes: list[Axis]) -> list[dict[str, str]]:
     return [dict(zip((a.key for a in axes), combo)) for combo in itertools.product(*(a.values for a in axes))]
 
 
-def suffix(point: dict[str, str], axes: list[Axis]) -> str:
-    """The run id's part naming a point: -lr0.001-modeltiny (characters a directory name would trip on become _)."""
-    return "".join(f"-{a.label}{re.sub(r'[^A-Za-z0-9.+_]', '_', point[a.key])}" for a in axes)
-
-
 def expand_points(fixed: list[str], axes: list[Axis]):
     """(settings of the first point, every run of every point): repeats interleaved across the points too, so
     drift on the machine spreads over all of them."""
     from launcher.report.results import repeat_index
     from launcher.settings import compose
-    from launcher.sweep import expand
 
     first, runs = None, []
     for point in points(axes):

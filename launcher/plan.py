@@ -8,23 +8,24 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from launcher import shrink
+from launcher import dryrun, shrink
+from launcher import scheduler as schedulers
 from launcher.errors import ConfigError
 from launcher.placement import allocate, gc_paused, memory, steptime, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
 from launcher.placement.steptime import ModelParallel, Shapes, StepTime
-from launcher.prediction import TOLERANCE, Predictor
+from launcher.prediction import TOLERANCE, Predictor, Workload
 from launcher.registry import model_name
-from launcher.report.tables import oriented
+from launcher.report.tables import human_bytes, oriented
 from launcher.secrets import redact, redacted
 from launcher.settings import Settings
-from launcher.slurm import hardware, jobenv
-from launcher.slurm.submit import attempt_folder, require_netns, resources, sbatch_text
+from launcher.slurm import hardware
+from launcher.slurm.submit import attempt_folder, require_netns
 from launcher.store import Store
 from launcher.sweep import PlannedRun, Run, expand
-from train.spec import write_atomic
-from train.strategy import STRATEGIES
+from train.files import write_atomic
+from train.strategy import STRATEGIES, Layout
 
 GB = 1e9
 
@@ -110,10 +111,10 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     """(topology, its source, usable nodes, every run placed on them, what was excluded and why: usable_nodes);
     plan() saves the topology as topology.json for jobs and reports."""
     require_netns(settings.cluster)
-    topo, source, real = topology.load(settings.cluster)
+    topo, source, real = schedulers.of(settings.cluster).topology()
     if real:
         hardware.check(settings.cluster, [node for node in topo.nodes.values() if node is not None])
-    if settings.cluster.placement == "pinned" and settings.cluster.executor == "slurm" and not real:
+    if settings.cluster.placement == "pinned" and schedulers.of(settings.cluster).reads_topology and not real:
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
     usable, nodes = usable_nodes(settings, topo, runs)
@@ -129,7 +130,7 @@ def place_one(cluster, topo: topology.Topology, real: bool, usable: list[str], r
     if slurm_order:
         placement = allocate.in_slurm_order(placement, s.F, s.R, s.S, G, topo, **mp)
     # --switches on SLURM's own tree only, and not when SLURM's order is kept: the paper asked for no switches
-    count_leaves = cluster.executor == "slurm" and real and not slurm_order
+    count_leaves = real and not slurm_order  # real: a topology the scheduler itself reads
     leaves = len({topo.parent[n] for n in placement.nodes}) if count_leaves else None
     return PlannedRun(run, placement, leaves, topology_request(cluster, topo, run, leaves))
 
@@ -162,31 +163,24 @@ def topology_request(cluster, topo: topology.Topology, run: Run, leaves: int | N
     return {"segment": group_nodes} if fits else {}
 
 
-def run_layout(run: Run) -> tuple:
-    """(strategy, F, R, S, A, pp, tp) of a run, as the ranking's candidates are written."""
-    s = run.spec
-    return s.strategy, s.F, s.R, s.S, s.A, s.train.pp, s.train.tp
-
-
-def spread(run: Run, layout: tuple) -> tuple[float, int]:
+def spread(run: Run, layout: Layout) -> tuple[float, int]:
     """Sequences per data-parallel rank and microbatches of `run`'s global batch in `layout`: the run's own
     where the layout is the run's; else the global batch spread over the layout's F x R x S data-parallel ranks,
     one microbatch per sequence under pp."""
     t = run.spec.train
-    if layout == run_layout(run):
+    if layout == run.spec.layout:
         return t.batch_per_rank, t.n_microbatches
-    _, F, R, S, _, P, _ = layout
-    batch = run.spec.dims.dp_world * t.batch_per_rank / (F * R * S)
-    return batch, max(P, round(batch)) if P > 1 else 1
+    batch = run.spec.dims.dp_world * t.batch_per_rank / layout.dp_world
+    return batch, max(layout.P, round(batch)) if layout.P > 1 else 1
 
 
-def step_of(predictor: Predictor, run: Run, layout: tuple, placement) -> StepTime:
-    """The step time of `run`'s model and global batch (spread) in `layout` = (strategy, F, R, S, A, pp, tp) placed
-    as `placement`."""
+def step_of(predictor: Predictor, run: Run, layout: Layout, placement) -> StepTime:
+    """The step time of `run`'s model and global batch (spread) in `layout`, placed as `placement`."""
     t = run.spec.train
     batch, micro = spread(run, layout)
-    return predictor.step(*layout[:5], run.spec.model.llama_kwargs, comm_model(run), batch, t.seq_len,
-                          t.precision, placement, *layout[5:], micro, t.sequence_parallel, t.pp_schedule)
+    work = Workload(run.spec.model.llama_kwargs, batch, t.seq_len, t.precision, micro, t.sequence_parallel,
+                    t.pp_schedule)
+    return predictor.step(layout, work, comm_model(run), placement)
 
 
 def model_sent_bytes(run: Run) -> dict[str, dict[str, float]]:
@@ -198,14 +192,13 @@ def model_sent_bytes(run: Run) -> dict[str, dict[str, float]]:
     return steptime.wire_bytes(moved, steptime.group_ranks(spec.F, spec.R, spec.S, mp))
 
 
-def memory_of(run: Run, layout: tuple | None = None) -> memory.Memory:
+def memory_of(run: Run, layout: Layout | None = None) -> memory.Memory:
     """Bytes per device of `run`, or of its model and global batch (spread) in `layout`."""
     m = memory.layout_of(run.spec)
     if layout is not None:
-        _, F, R, S, _, P, T = layout
         batch, micro = spread(run, layout)
-        m = replace(m, S=S, P=P, T=T, batch=batch, microbatches=micro, federated=F > 1,
-                    outer_copy=m.outer_copy and F > 1)
+        m = replace(m, S=layout.S, P=layout.P, T=layout.T, batch=batch, microbatches=micro,
+                    federated=layout.F > 1, outer_copy=m.outer_copy and layout.F > 1)
     return memory.per_device(run.spec.model.llama_kwargs, m)
 
 
@@ -234,8 +227,8 @@ def fsdp_baselines(settings: Settings, runs: list[Run], topo: topology.Topology,
     out = {}
     for key, run in first.items():
         n = run.nodes
-        layout = ("fsdp", 1, 1, n * G, None, 1, 1)
-        placement, comm = planner.price(*layout[:5], G, comm_model(run), topo, usable)
+        layout = Layout("fsdp", 1, 1, n * G)
+        placement, comm = planner.price(layout, G, comm_model(run), topo, usable)
         out[key] = comm, step_of(predictor, run, layout, placement)
     return out
 
@@ -246,11 +239,13 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
     run, placement = planned.run, planned.placement
     spec, cluster = run.spec, settings.cluster
     model = comm_model(run)
-    predicted = predict(spec.strategy, spec.F, spec.R, spec.S, spec.A, model, placement.bandwidth)["predicted_comm_s"]
-    step = step_of(predictor, run, run_layout(run), placement)
+    predicted = predict(spec.layout, model, placement.bandwidth)["predicted_comm_s"]
+    step = step_of(predictor, run, spec.layout, placement)
     fsdp_s, fsdp_step = fsdp
     attempt = store.entries.get(run.run_id, {}).get("attempts", 0) + 1
     folder = attempt_folder(settings.sweep_dir / run.run_id, attempt)
+    scheduler = schedulers.of(cluster)
+    script = scheduler.script(planned, folder)
     return PlanEntry(
         run_id=run.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A, tp=spec.train.tp,
         pp=spec.train.pp,
@@ -272,17 +267,14 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
         memory={"model_bytes": int(memory_of(run).total), "dryrun_peak_bytes": None,
                 "dryrun_after_training_bytes": None, "reserve_bytes": int((cluster.memory_reserve_GB or 0) * GB),
                 "device_bytes": int(cluster.gpu_memory_GB * GB) if cluster.gpu_memory_GB else None},
-        resources=redacted(resources(cluster, planned)),
-        sbatch="\n".join(map(redact, sbatch_text(cluster, planned, folder).split("\n")))
-        if cluster.executor == "slurm" else None,
+        resources=redacted(scheduler.resources(planned)),
+        sbatch=None if script is None else "\n".join(map(redact, script.split("\n"))),
     )
 
 
 def layout_name(row: dict) -> str:
-    """fl_hsdp (F,R,S)=(2,64,4) A=32 pp=2 tp=2, as the ranking prints a layout."""
-    A = f" A={row['A']}" if row["A"] else ""
-    mp = "".join(f" {k}={row[k]}" for k in ("pp", "tp") if row[k] > 1)
-    return f"{row['strategy']:<8} (F,R,S)=({row['F']},{row['R']},{row['S']}){A}{mp}"
+    """A ranking row's layout as the plan prints it (Layout.label)."""
+    return Layout(row["strategy"], row["F"], row["R"], row["S"], row["A"], row["pp"], row["tp"]).label
 
 
 def ranking_table(ranking: list[dict], nodes: int, G: int, capacity: float | None, header: str) -> str:
@@ -314,7 +306,7 @@ def check_host_memory(settings: Settings, runs: list[Run]) -> None:
     """cluster=local runs every rank on this machine, so host memory is its device: the model's bytes per rank
     times the ranks must fit in what is available now, or the OOM killer picks among everyone's processes.
     action=dryrun runs nothing real (fake tensors), so it may play any model."""
-    if settings.cluster.executor != "local" or settings.action == "dryrun":
+    if not schedulers.of(settings.cluster).runs_here or settings.action == "dryrun":
         return
     available = available_host_bytes()
     if available is None:
@@ -342,14 +334,6 @@ def check_memory(settings: Settings, runs: list[Run]) -> None:
             raise ConfigError(f"{run.run_id} needs {human_bytes(need.total)} per device ({parts}) but a device has "
                               f"{capacity:g} GB (cluster.gpu_memory_GB): shard more (S), split the model "
                               f"(train.tp, train.pp) or set train.activation_checkpointing=true")
-
-
-def human_bytes(n: float) -> str:
-    """1234567 -> '1.23 MB', 4.13e12 -> '4.13 TB' (decimal units, as disks and links are sold)."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def close_to_best(ranking: list[dict]) -> int:
@@ -388,17 +372,15 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     fsdp = fsdp_baselines(settings, runs, topo, usable, predictor)
     entries = [entry(settings, p, fsdp[baseline_key(p.run)], store, predictor) for p in planned]
     if settings.action == "dryrun" or settings.plan["dryrun"]:
-        from launcher import dryrun
-
         print(f"dry-run of {len(entries)} run(s) on fake tensors at their real world size (launcher.dryrun):")
         measured = dryrun.dryrun(settings, runs, {e.run_id: e.memory["model_bytes"] for e in entries},
                                  {run.run_id: model_sent_bytes(run) for run in runs}, out)
         entries = [replace(e, memory=measured[e.run_id]) for e in entries]
     widest = max(runs, key=lambda r: r.nodes)
     G, capacity = settings.cluster.gpus_per_node, settings.cluster.gpu_memory_GB
-    ranking = planner.rank_layouts(widest.nodes, G, comm_model(widest), topo, usable,
+    ranking = planner.rank_layouts(planner.candidates(widest.nodes, G, parallel=parallel_choices(widest, G)), G,
+                                   comm_model(widest), topo, usable,
                                    step=lambda layout, placement: step_of(predictor, widest, layout, placement).step_s,
-                                   parallel=parallel_choices(widest, G),
                                    memory=lambda layout: memory_of(widest, layout).total,
                                    capacity=capacity * GB if capacity else None)
     network = predictor.network.source
@@ -417,8 +399,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     if not echo:
         return planned, entries
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({source}): {len(entries)} run(s)")
-    for line in header(settings, runs) + (jobenv.lines(settings.cluster, settings.results_dir)
-                                          if settings.cluster.executor == "slurm" else []):
+    for line in header(settings, runs) + schedulers.of(settings.cluster).job_environment(settings.results_dir):
         print(f"  {line}")
     if nodes["excluded"] or nodes["note"]:
         why = "; ".join(f"{n} {reason} ({', '.join(nodes['examples'][reason])}{', ...' if n > 3 else ''})"

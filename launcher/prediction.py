@@ -3,14 +3,26 @@ probe.json) for alpha/beta per level and measured compute, otherwise nominal ban
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement
 from launcher.placement.costmodel import LLAMA_KEYS, Model
-from launcher.placement.steptime import Compute, ModelParallel, Network, Shapes, StepTime, load, step_time, sync_seconds
+from launcher.placement.steptime import (
+    Compute,
+    Links,
+    ModelParallel,
+    Network,
+    Shapes,
+    StepTime,
+    load,
+    step_time,
+    sync_seconds,
+)
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
+from train.strategy import Layout
 
 TOLERANCE = 0.20  # the step-time model's target: every validated prediction within ±20 % of the measured step
 
@@ -102,16 +114,29 @@ class Predictor:
                                "the layout's stage measured in place by the probe", in_place=True)
         return None
 
-    def step(self, strategy: str, F: int, R: int, S: int, A: int | None, llama_kwargs: dict, model: Model,
-             batch: int, seq_len: int, precision: str, placement: Placement, P: int = 1, T: int = 1,
-             microbatches: int = 1, sequence_parallel: bool = False, schedule: str = "1f1b") -> StepTime:
-        """`batch`: sequences per data-parallel rank. A probe written before barriers were timed prices them at
+    def step(self, layout: Layout, work: Workload, model: Model, placement: Placement) -> StepTime:
+        """`layout` placed as `placement`, doing `work`. A probe written before barriers were timed prices them at
         nothing."""
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
-        mp = ModelParallel.of(llama_kwargs, batch, seq_len, P, T, microbatches, sequence_parallel)
+        kwargs = work.llama_kwargs
+        mp = ModelParallel.of(kwargs, work.batch, work.seq_len, layout.P, layout.T, work.microbatches,
+                              work.sequence_parallel)
         if placement.loads is None:
-            placement.loads = load(placement, F, R, S, self.topo, P, T)
-        return step_time(strategy, F, R, S, A, Shapes.of(llama_kwargs), model, placement.loads, self.network,
-                         self.compute(llama_kwargs, batch, seq_len, precision, mp, schedule),
-                         overlap=self.cluster.device == "cuda",
-                         sync_s=sync_seconds(barrier_s, F, A), mp=mp)
+            placement.loads = load(placement, layout.F, layout.R, layout.S, self.topo, layout.P, layout.T)
+        return step_time(layout, Shapes.of(kwargs), model, Links(self.network, placement.loads),
+                         self.compute(kwargs, work.batch, work.seq_len, work.precision, mp, work.schedule),
+                         overlap=self.cluster.device == "cuda", sync_s=sync_seconds(barrier_s, layout.F, layout.A),
+                         mp=mp)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What each data-parallel rank computes per step: the model's sequences (`batch` of `seq_len` tokens, in
+    `microbatches` under pipeline parallelism) at a precision."""
+    llama_kwargs: dict
+    batch: float
+    seq_len: int
+    precision: str
+    microbatches: int = 1
+    sequence_parallel: bool = False
+    schedule: str = "1f1b"

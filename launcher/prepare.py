@@ -11,19 +11,17 @@ command again (train.prepare keeps finished shards). Data runs then take the sam
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import sys
 import time
 from pathlib import Path
 
-import submitit
-
+from launcher import scheduler as schedulers
 from launcher.errors import ConfigError
 from launcher.lock import SweepLock
 from launcher.run import failure_reason
 from launcher.settings import Settings, check_name
-from launcher.slurm.submit import check_environment, submit_job, task_lines, wait_for
+from launcher.slurm.submit import task_lines
 from train import prepare as corpus
 from train import submitit_compat
 from train.sections import TextData
@@ -52,21 +50,11 @@ def prepare_job(settings: Settings) -> corpus.PrepareJob:
                              request.text_key, request.eval_fraction)
 
 
-def executor(settings: Settings, folder: Path):
-    """One task, prepare.workers CPUs, no GPU; on this machine at most its cores."""
-    cluster, request = settings.cluster, settings.prepare
-    time_min = request.time_min or cluster.time_min
-    if cluster.executor == "local":
-        ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(tasks_per_node=1, nodes=1, timeout_min=time_min)
-        return ex
-    ex = submitit.SlurmExecutor(folder=folder)
-    params = {"job_name": f"prepare-{folder.parent.name}", "nodes": 1, "ntasks_per_node": 1,
-              "cpus_per_task": request.workers, "time": time_min,
-              "partition": request.partition or cluster.partition, "setup": list(cluster.setup)}
-    params.update({k: getattr(cluster, k) for k in ("account", "qos") if getattr(cluster, k)})
-    ex.update_parameters(**params)
-    return ex
+def executor(settings: Settings, scheduler: schedulers.Scheduler, folder: Path):
+    """One task, prepare.workers CPUs, no GPU."""
+    request = settings.prepare
+    return scheduler.cpu_executor(folder, f"prepare-{folder.parent.name}", request.workers,
+                                  request.time_min or settings.cluster.time_min, request.partition)
 
 
 def last_progress(job) -> str | None:
@@ -76,16 +64,16 @@ def last_progress(job) -> str | None:
 
 def prepare(settings: Settings) -> int:
     job = prepare_job(settings)
-    cluster = settings.cluster
-    if cluster.executor == "local":
+    cluster, scheduler = settings.cluster, schedulers.of(settings.cluster)
+    if scheduler.runs_here:  # on this machine, at most its cores
         job = dataclasses.replace(job, workers=min(job.workers, os.cpu_count() or 1))
-    check_environment(cluster)
-    logging.getLogger("submitit").setLevel(logging.ERROR)  # it warns whenever sacct has no data
+    scheduler.check_environment()
+    scheduler.quiet()
     work = check_name(Path(job.out).name, check_name(cluster.name, settings.results_dir, "cluster.name") / "prepare",
                       "data.path's last part")
     with SweepLock(work):
         folder = work / "submitit"
-        submitted = submit_job(cluster, executor(settings, folder), job, f"prepare {job.out}", folder)
+        submitted = scheduler.submit_job(executor(settings, scheduler, folder), job, f"prepare {job.out}", folder)
         print(f"submitted the preparation of {job.out} as job {submitted.job_id} ({job.workers} worker(s))",
               flush=True)
         last = [time.monotonic()]
@@ -96,7 +84,7 @@ def prepare(settings: Settings) -> int:
                 print(last_progress(submitted) or f"prepare: job {submitted.job_id} {state}", flush=True)
 
         try:
-            state = wait_for(submitted, cluster, 1, settings.poll_s, relay)
+            state = scheduler.wait_for(submitted, 1, settings.poll_s, relay)
         except KeyboardInterrupt:
             submitted.cancel(check=False)
             print(f"fedshard: interrupted; job {submitted.job_id} cancelled. Run the same command again to go on: "

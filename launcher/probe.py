@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import scheduler as schedulers
 from launcher.errors import ConfigError, SubmitError
 from launcher.placement import topology
 from launcher.placement.alphabeta import COLLECTIVES, bus_factor, fit
@@ -22,9 +24,9 @@ from launcher.plan import place_runs
 from launcher.prediction import stage_layers, stage_seconds
 from launcher.run import failure_reason
 from launcher.settings import Settings
-from launcher.slurm.submit import check_environment, make_executor, submit_job, task_lines, wait_for
+from launcher.slurm.submit import task_lines
 from launcher.sweep import expand
-from train.spec import write_atomic
+from train.files import write_atomic
 
 GB = 1e9
 
@@ -144,16 +146,34 @@ def plot(probe: dict, path: Path) -> Path:
     return save_png(fig, path)
 
 
+@dataclass(frozen=True)
+class ProbeRanks:
+    """Where the probe's ranks run: the planned hosts (cluster=local's virtual nodes) and the topology, the device
+    and backend training uses, and how long a rank waits for the others."""
+    hosts: list[str]
+    topology: dict
+    device: str
+    backend: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ProbeWork:
+    """What the probe measures: collectives of `sizes` bytes per level, each point the median of `iters` calls,
+    then the compute of the sweep's `workloads` and the stage steps of its tp or pp `layouts`."""
+    sizes: list[int]
+    iters: int
+    workloads: list[dict]
+    layouts: list[dict]
+
+
 class ProbeJob:
     """The probe as a picklable job (submitit runs one task per rank, like a training run). The levels are
     computed where the ranks really are: under SLURM from every rank's SLURMD_NODENAME, else from the
-    planned hosts (cluster=local's virtual nodes)."""
+    planned hosts."""
 
-    def __init__(self, hosts: list[str], topology: dict, sizes: list[int], out_path: str, device: str,
-                 backend: str, timeout_s: float, iters: int, workloads: list[dict], layouts: list[dict]):
-        self.hosts, self.topology, self.sizes, self.out_path = hosts, topology, sizes, out_path
-        self.device, self.backend, self.timeout_s, self.iters = device, backend, timeout_s, iters
-        self.workloads, self.layouts = workloads, layouts
+    def __init__(self, ranks: ProbeRanks, work: ProbeWork, out_path: str):
+        self.ranks, self.work, self.out_path = ranks, work, out_path
 
     def __call__(self) -> None:
         import torch.distributed as dist  # the job's side: torch only where ranks run
@@ -165,19 +185,19 @@ class ProbeJob:
         from train.probe import barrier_seconds, measure
 
         env = launch_env.detect()
-        device = launch_env.pick_device(self.device)
+        device = launch_env.pick_device(self.ranks.device)
         if device == "cpu":
             launch_env.limit_cpu_threads(env)
         out_dir = Path(self.out_path).parent
-        backend = launch_env.init(env, device, self.backend, out_dir, self.timeout_s)
+        backend = launch_env.init(env, device, self.ranks.backend, out_dir, self.ranks.timeout_s)
         hosts = [None] * env.world_size
-        dist.all_gather_object(hosts, os.environ.get("SLURMD_NODENAME", self.hosts[env.rank]))
-        levels = level_groups(hosts, self.topology["parent"], self.topology["level"])
+        dist.all_gather_object(hosts, os.environ.get("SLURMD_NODENAME", self.ranks.hosts[env.rank]))
+        levels = level_groups(hosts, self.ranks.topology["parent"], self.ranks.topology["level"])
         say = lambda text: print(text, flush=True)  # noqa: E731
-        rows = measure(env.rank, levels, self.sizes, COLLECTIVES, device, iters=self.iters, progress=say)
+        rows = measure(env.rank, levels, self.work.sizes, COLLECTIVES, device, iters=self.work.iters, progress=say)
         barrier_s = barrier_seconds(device)
-        compute = calibrate(env.rank, self.workloads, device, iters=self.iters, progress=say)
-        stages = calibrate_layouts(env.rank, self.layouts, device, iters=self.iters, progress=say)
+        compute = calibrate(env.rank, self.work.workloads, device, iters=self.work.iters, progress=say)
+        stages = calibrate_layouts(env.rank, self.work.layouts, device, iters=self.work.iters, progress=say)
         launch_env.shutdown(env, out_dir)
         if env.rank == 0:
             write_atomic(Path(self.out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
@@ -189,19 +209,20 @@ class ProbeJob:
 def probe(settings: Settings, runs: list | None = None) -> Path:
     """Run the probe job, echo its progress, fit, write probe.json and probe.png, print the table. `runs`: the
     sweep's runs when given (a multirun's), else expand(settings); their workloads are calibrated."""
-    cluster = settings.cluster
-    check_environment(cluster)
+    cluster, scheduler = settings.cluster, schedulers.of(settings.cluster)
+    scheduler.check_environment()
     topo, _, _, planned, _ = place_runs(settings, expand(settings) if runs is None else runs)
     widest = max(planned, key=lambda p: p.run.spec.world_size)
     folder = settings.sweep_dir / "probe"
     raw_path = folder / "raw.json"
     raw_path.unlink(missing_ok=True)
     tree = topology.to_json(topo)
-    job = ProbeJob(widest.placement.hosts, tree, sizes(settings.probe["max_bytes"]),
-                   str(raw_path), cluster.device, cluster.backend, widest.run.spec.train.timeout_s,
-                   settings.probe["iters"], workloads([p.run for p in planned]), layouts([p.run for p in planned]))
-    submitted = submit_job(cluster, make_executor(cluster, widest, folder / "submitit"), job, "the probe",
-                           folder / "submitit")
+    job = ProbeJob(ProbeRanks(widest.placement.hosts, tree, cluster.device, cluster.backend,
+                              widest.run.spec.train.timeout_s),
+                   ProbeWork(sizes(settings.probe["max_bytes"]), settings.probe["iters"],
+                             workloads([p.run for p in planned]), layouts([p.run for p in planned])), str(raw_path))
+    submitted = scheduler.submit_job(scheduler.executor(widest, folder / "submitit"), job, "the probe",
+                                     folder / "submitit")
     world = widest.run.spec.world_size
     print(f"probe: job {submitted.job_id} on {world} ranks ({len(widest.placement.nodes)} nodes, placed like "
           f"{widest.run.run_id})", flush=True)
@@ -213,7 +234,7 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
             print(f"  {line}", flush=True)
         echoed[:] = lines
 
-    wait_for(submitted, cluster, world, settings.poll_s, echo)
+    scheduler.wait_for(submitted, world, settings.poll_s, echo)
     if not raw_path.exists():
         raise SubmitError(f"the probe job failed: {failure_reason(submitted, world)}")
     result = summarise(json.loads(raw_path.read_text()), tree)

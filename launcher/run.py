@@ -1,21 +1,19 @@
 """action=run: submit every unfinished run, wait with progress, collect results, print the tables."""
 from __future__ import annotations
 
-import logging
 import shutil
 import time
 
 from launcher import progress, shrink
+from launcher import scheduler as schedulers
 from launcher.lock import SweepLock
-from launcher.placement import topology
 from launcher.plan import place_one, plan, usable_nodes
 from launcher.prediction import probe_file
 from launcher.registry import FILE, Registry
 from launcher.report import wandb_log
 from launcher.report.write import outputs, write_report
 from launcher.settings import Settings
-from launcher.slurm import scontrol
-from launcher.slurm.submit import attempt_folder, check_environment, has_accounting, job_done, reattach, submit
+from launcher.slurm.submit import attempt_folder
 from launcher.store import FINAL, Store
 from launcher.sweep import PlannedRun, Run, expand
 from launcher.target import REFERENCE, ReferenceTarget, resolution_note
@@ -60,7 +58,7 @@ class Sweeper:
         self.failed: dict[str, str] = {}
         self.lost: dict[str, list[str]] = {}  # run -> nodes of its last attempt now down or drained
         self.settled = 0  # runs that reached a final state in this invocation
-        self.accounting = has_accounting(self.cluster)
+        self.scheduler = schedulers.of(self.cluster)
         self.started = time.monotonic()
         self.total = 0          # runs of the sweep, for the progress line
         self.queued: list[Run] = []  # runs waiting for their turn (sequential execution)
@@ -77,7 +75,7 @@ class Sweeper:
         run.spec.save(spec_path)
         registered = self.registry is not None and self.registry.register(run.run_id)
         try:
-            job = submit(self.cluster, planned, spec_path, folder, self.settings.sweep_dir / "topology.json")
+            job = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json")
         except BaseException:  # nothing stays registered or written for a run that was never submitted
             shutil.rmtree(run_dir if new_dir else folder, ignore_errors=True)
             if registered and not new_dir:
@@ -100,14 +98,13 @@ class Sweeper:
             if entry.get("state") in FINAL or not entry.get("job_id"):
                 continue
             folder = attempt_folder(self.settings.sweep_dir / run.run_id, entry["attempts"])
-            self._watch(run, reattach(self.cluster, run, folder, entry["job_id"]))
+            self._watch(run, self.scheduler.reattach(run, folder, entry["job_id"]))
             print(f"reattached {run.run_id} to job {entry['job_id']} (attempt {entry['attempts']}), "
                   f"submitted by an earlier launcher", flush=True)
 
     @property
     def sequential(self) -> bool:
-        """Runs go one at a time: local runs share this machine's cores, and `sequential` clusters ask for it."""
-        return self.cluster.executor == "local" or self.cluster.sequential
+        return self.scheduler.sequential
 
     def _watch(self, run: Run, job) -> None:
         self.running[run.run_id] = (run, job)
@@ -134,11 +131,9 @@ class Sweeper:
     def wait(self, total: int) -> None:
         last = time.monotonic()
         while self.running:
-            slurm_states = None  # one squeue call per poll for every running job
-            if self.cluster.executor == "slurm":
-                slurm_states = scontrol.job_states([str(job.job_id) for _, job in self.running.values()])
+            polled = self.scheduler.poll([str(job.job_id) for _, job in self.running.values()])  # one call
             for run_id, (run, job) in list(self.running.items()):
-                done, state = job_done(job, self.cluster.executor, run.spec.world_size, self.accounting, slurm_states)
+                done, state = self.scheduler.done(job, run.spec.world_size, polled)
                 if not done:
                     if state != self.store.state(run_id):
                         self._changed(run_id, job, state)
@@ -174,8 +169,9 @@ class Sweeper:
         """Record a job's new state, and where it runs. SLURM requeues a batch job whose node went down; it then
         waits for that node: with retry_shrink it is cancelled, to resume on the nodes left (_resubmission)."""
         fields = {"state": state}
-        if self.cluster.executor == "slurm" and state == "RUNNING":
-            fields["nodes"] = scontrol.job_nodes(str(job.job_id))
+        nodes = self.scheduler.nodes(job) if state == "RUNNING" else None
+        if nodes is not None:
+            fields["nodes"] = nodes
         self.store.record(run_id, **fields)
         if state != "PENDING" or not self._lost(run_id):
             return
@@ -191,8 +187,8 @@ class Sweeper:
     def _lost(self, run_id: str) -> list[str]:
         """The nodes of this run's last allocation that SLURM now has down or drained (remembered in self.lost)."""
         nodes = self.store.entries.get(run_id, {}).get("nodes")
-        if self.cluster.executor == "slurm" and nodes:
-            self.lost[run_id] = scontrol.lost_nodes(nodes)
+        if nodes:
+            self.lost[run_id] = self.scheduler.lost_nodes(nodes)
         return self.lost.get(run_id, [])
 
     def _resubmission(self, planned: PlannedRun) -> PlannedRun | None:
@@ -203,7 +199,7 @@ class Sweeper:
         lost = self.lost.get(run.run_id)
         if not lost or not self.settings.retry_shrink:
             return planned
-        topo, _, real = topology.load(self.cluster)
+        topo, _, real = self.scheduler.topology()
         usable = [n for n in usable_nodes(self.settings, topo, [run])[0] if n not in lost]
         G = self.cluster.gpus_per_node
         try:
@@ -267,9 +263,8 @@ class Sweeper:
 
 def run_sweep(settings: Settings, runs: list[Run] | None = None) -> int:
     """`runs`: the sweep's runs when given (a multirun's, over all its points), else expand(settings)."""
-    if settings.cluster.executor == "slurm":
-        # submitit warns whenever sacct has no data (no accounting); job_done() copes without it.
-        logging.getLogger("submitit").setLevel(logging.ERROR)
+    scheduler = schedulers.of(settings.cluster)
+    scheduler.quiet()  # submitit warns whenever sacct has no data (no accounting); Slurm.done copes without it
     runs = expand(settings) if runs is None else runs
     entries = Store(settings.sweep_dir).entries  # runs shrunk by an earlier invocation resume on their layout
     runs = [shrink.as_recorded(r, entries.get(r.run_id, {}), settings.cluster.gpus_per_node) for r in runs]
@@ -277,7 +272,7 @@ def run_sweep(settings: Settings, runs: list[Run] | None = None) -> int:
     note = resolution_note(settings)
     if note:
         print(note, flush=True)
-    check_environment(settings.cluster)
+    scheduler.check_environment()
     wandb_log.check(settings.wandb)
     Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name,
                                                         settings.cluster.rank_order)

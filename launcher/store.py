@@ -13,7 +13,8 @@ from pathlib import Path
 
 from launcher.errors import StateError
 from train.errors import FedshardError
-from train.spec import RunSpec, identity_changes, write_atomic
+from train.files import write_atomic
+from train.spec import RunSpec, identity_changes
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
 

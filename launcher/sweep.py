@@ -8,9 +8,10 @@ shards, or a shard spans (tp x pp) / G nodes.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from launcher import multirun
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement, check_model_parallel, shards_per_node
 from launcher.settings import Settings
@@ -157,8 +158,9 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
                 where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes, "tp": tp, "pp": pp}
                 if _excluded(where, sweep.exclude):
                     continue
-                runs_here = [_run(settings, strategy, nodes, F, A, rep, note, point or {}, axes or [], tp, pp,
-                                  batches[nodes]) for rep in range(1, sweep.repeats + 1)]
+                cell = Cell(strategy, nodes, F, A, tp, pp, note)
+                runs_here = [_run(settings, cell, rep, point or {}, axes or [], batches[nodes])
+                             for rep in range(1, sweep.repeats + 1)]
                 if prepared is not None:  # a prepared directory too small or of another vocabulary: refused now
                     _feeds(prepared, data, model.llama_kwargs["vocab_size"], runs_here[0].spec)
                 repeated += list(enumerate(runs_here, 1))
@@ -182,8 +184,26 @@ def _feeds(index: dict, data: TokensData, vocab: int, spec: RunSpec) -> None:
         raise ConfigError(f"{spec.run_id}: {exc}") from None
 
 
-def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: int, note: str,
-         point: dict[str, str], axes: list, tp: int, pp: int, batch: int) -> Run:
+def point_suffix(point: dict[str, str], axes: list) -> str:
+    """The run id's part naming a multirun point (launcher.multirun's axes): -lr0.001-modeltiny (characters a
+    directory name would trip on become _)."""
+    return "".join(f"-{a.label}{re.sub(r'[^A-Za-z0-9.+_]', '_', point[a.key])}" for a in axes)
+
+
+class Cell(NamedTuple):
+    """One configuration of the sweep's grid: a strategy on a node count, with F (scaled to it: scaled_F, for a
+    strategy that chooses F), A, tp and pp, and what the plan says of it (`note`)."""
+    strategy: str
+    nodes: int
+    F: int | None
+    A: int | None
+    tp: int
+    pp: int
+    note: str = ""
+
+
+def _run(settings: Settings, cell: Cell, rep: int, point: dict[str, str], axes: list, batch: int) -> Run:
+    strategy, nodes, F, A, tp, pp, note = cell
     cluster, sweep = settings.cluster, settings.sweep
     F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F, tp, pp)
     world = F_ * R * S * tp * pp
@@ -198,7 +218,7 @@ def _run(settings: Settings, strategy: str, nodes: int, F: int | None, A, rep: i
     except FedshardError as exc:
         raise ConfigError(f"{strategy} (F,R,S)=({F_},{R},{S}): {exc}") from None
     if point:
-        spec.run_id += multirun.suffix(point, axes)
+        spec.run_id += point_suffix(point, axes)
         spec.axes = dict(point)
     if rep > 1:  # repeat 1 keeps the run's own id, so a run that finished before repeats were asked counts as it
         spec.run_id += f"-rep{rep}"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from launcher.errors import ConfigError, StateError
 from launcher.sweep import Run
+from train.files import write_atomic
 from train.result import RunResult
-from train.spec import write_atomic
 
 REFERENCE = "fsdp"  # the strategy every ratio of Table 3 is taken against
 FILE = "target.json"

@@ -177,7 +177,8 @@ def test_a_results_dir_that_cannot_be_written_is_one_line(where, why, tmp_path, 
 
 
 def test_plan_console_sizes_split_and_no_clear_winner(tmp_path):
-    from launcher.plan import close_to_best, human_bytes
+    from launcher.plan import close_to_best
+    from launcher.report.tables import human_bytes
 
     assert [human_bytes(n) for n in (4.13e12, 48.2e9, 28.9e6, 1500, 12)] == ["4.13 TB", "48.2 GB", "28.9 MB",
                                                                           "1.5 kB", "12 B"]

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from launcher.errors import ConfigError
 from launcher.placement import topology
 from launcher.placement.costmodel import Model, comm_time, llama_params, model_from_preset, predict
-from launcher.placement.ranking import rank_layouts
+from launcher.placement.ranking import candidates, rank_layouts
+from train.strategy import Layout
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False)
@@ -51,45 +52,45 @@ def test_model_from_preset_ignores_other_keys_and_picks_comm_bytes():
     ("fl_hsdp", 8, 2, 4, 2, 1e9 * (3 * 3 / 4 / 1e11 + 2 * 1 / 2 / 1e10 + 0.5 * (2 * 7 / 8 / 1e9 + 1 / 1e10))),
 ])
 def test_hand_computed(strategy, F, R, S, A, expected):
-    assert comm_time(strategy, F, R, S, A, GB, **BW) == pytest.approx(expected, rel=1e-12)
+    assert comm_time(Layout(strategy, F, R, S, A), GB, **BW) == pytest.approx(expected, rel=1e-12)
 
 
 def test_each_collective_is_priced_at_its_own_bytes():
     """bf16 all-gathers with fp32 gradient reduction and fp32 FedAvg: 2, 4, 4 bytes per parameter."""
     mixed = Model(params=500_000_000, layers=10, bytes_per_param=2, grad_bytes_per_param=4, fedavg_bytes_per_param=4)
-    terms = predict("fl_hsdp", 8, 2, 4, 2, mixed, BW)["terms"]
+    terms = predict(Layout("fl_hsdp", 8, 2, 4, 2), mixed, BW)["terms"]
     P = 500_000_000
     assert terms == pytest.approx({"shard": P * (2 * 2 + 4) * 3 / 4 / 1e11, "replicate": P * 4 * 2 * 1 / 2 / 1e10,
                                    "federation": P * 4 * 0.5 * (2 * 7 / 8 / 1e9 + 1 / 1e10)}, rel=1e-12)
 
 
 def test_predict_splits_terms():
-    out = predict("fl_hsdp", 8, 2, 4, 2, GB, BW)
+    out = predict(Layout("fl_hsdp", 8, 2, 4, 2), GB, BW)
     assert out["terms"] == pytest.approx({"shard": 0.0225, "replicate": 0.1, "federation": 0.5 * (1.75 + 0.1)})
     assert out["predicted_comm_s"] == pytest.approx(sum(out["terms"].values()))
 
 
 def test_size_one_groups_cost_nothing_and_need_no_bandwidth():
-    assert comm_time("fsdp", 1, 1, 1, None, GB, None, None, None) == 0
-    assert comm_time("hsdp", 1, 3, 1, None, GB, None, 1e10, None) == pytest.approx(1e9 * 2 * 2 / 3 / 1e10)
+    assert comm_time(Layout("fsdp", 1, 1, 1, None), GB, None, None, None) == 0
+    assert comm_time(Layout("hsdp", 1, 3, 1, None), GB, None, 1e10, None) == pytest.approx(1e9 * 2 * 2 / 3 / 1e10)
     # R = 1 in fl_hsdp also drops the broadcast to the other replicas.
-    assert comm_time("fl_hsdp", 4, 1, 4, 8, GB, **BW) == comm_time("fl_fsdp", 4, 1, 4, 8, GB, **BW)
-    assert predict("fl_fsdp", 4, 1, 4, 8, GB, {"B_S": 1e11, "B_F": 1e9})["terms"]["replicate"] == 0
+    assert comm_time(Layout("fl_hsdp", 4, 1, 4, 8), GB, **BW) == comm_time(Layout("fl_fsdp", 4, 1, 4, 8), GB, **BW)
+    assert predict(Layout("fl_fsdp", 4, 1, 4, 8), GB, {"B_S": 1e11, "B_F": 1e9})["terms"]["replicate"] == 0
 
 
 @pytest.mark.parametrize("R", [1, 4])
 def test_large_A_tends_to_no_federation(R):
-    fl = comm_time("fl_hsdp", 16, R, 4, 10**12, GB, **BW)
-    assert fl == pytest.approx(comm_time("hsdp", 1, R, 4, None, GB, **BW), rel=1e-9)
+    fl = comm_time(Layout("fl_hsdp", 16, R, 4, 10**12), GB, **BW)
+    assert fl == pytest.approx(comm_time(Layout("hsdp", 1, R, 4, None), GB, **BW), rel=1e-9)
     if R == 1:
-        assert comm_time("fl_fsdp", 16, 1, 4, 10**12, GB, **BW) == pytest.approx(
-            comm_time("fsdp", 1, 1, 4, None, GB, **BW), rel=1e-9)
+        assert comm_time(Layout("fl_fsdp", 16, 1, 4, 10**12), GB, **BW) == pytest.approx(
+            comm_time(Layout("fsdp", 1, 1, 4, None), GB, **BW), rel=1e-9)
 
 
 def test_F_one_is_exactly_fsdp_or_hsdp():
     # Training forbids FL with F = 1; the cost model accepts it as the no-federation limit (no broadcast either).
-    assert comm_time("fl_fsdp", 1, 1, 4, 1, GB, **BW) == comm_time("fsdp", 1, 1, 4, None, GB, **BW)
-    assert comm_time("fl_hsdp", 1, 8, 4, 1, GB, **BW) == comm_time("hsdp", 1, 8, 4, None, GB, **BW)
+    assert comm_time(Layout("fl_fsdp", 1, 1, 4, 1), GB, **BW) == comm_time(Layout("fsdp", 1, 1, 4, None), GB, **BW)
+    assert comm_time(Layout("fl_hsdp", 1, 8, 4, 1), GB, **BW) == comm_time(Layout("hsdp", 1, 8, 4, None), GB, **BW)
 
 
 sizes = st.integers(1, 64)
@@ -99,11 +100,11 @@ bandwidths = st.floats(1e6, 1e12)
 @given(F=sizes, R=sizes, S=sizes, A=st.integers(1, 1000), dA=st.integers(0, 1000),
        bw=st.tuples(bandwidths, bandwidths, bandwidths), which=st.integers(0, 2), factor=st.floats(1, 100))
 def test_monotone_in_A_and_bandwidth(F, R, S, A, dA, bw, which, factor):
-    base = comm_time("fl_hsdp", F, R, S, A, GB, *bw)
-    assert comm_time("fl_hsdp", F, R, S, A + dA, GB, *bw) <= base
+    base = comm_time(Layout("fl_hsdp", F, R, S, A), GB, *bw)
+    assert comm_time(Layout("fl_hsdp", F, R, S, A + dA), GB, *bw) <= base
     faster = list(bw)
     faster[which] *= factor
-    assert comm_time("fl_hsdp", F, R, S, A, GB, *faster) <= base
+    assert comm_time(Layout("fl_hsdp", F, R, S, A), GB, *faster) <= base
 
 
 @pytest.mark.parametrize("args,key", [
@@ -120,18 +121,18 @@ def test_monotone_in_A_and_bandwidth(F, R, S, A, dA, bw, which, factor):
 ])
 def test_bad_inputs_name_the_key(args, key):
     with pytest.raises(ValueError, match=rf"^{key}\b"):
-        comm_time(*args)
+        comm_time(Layout(*args[:5]), *args[5:])
 
 
 def test_predict_reports_missing_bandwidth_key():
     with pytest.raises(ValueError, match="^B_F"):
-        predict("fl_fsdp", 4, 1, 4, 8, GB, {"B_S": 1e11})
+        predict(Layout("fl_fsdp", 4, 1, 4, 8), GB, {"B_S": 1e11})
 
 
 def test_rank_layouts_on_a_paper_like_machine():
     model = model_from_preset(LLAMA3_8B, "paper")
     topo = topology.ideal(128, [1, 16, 128]).with_bandwidth([600e9, 25e9, 12.5e9], "bw")
-    rows = rank_layouts(128, 4, model, topo)
+    rows = rank_layouts(candidates(128, 4), 4, model, topo)
     fsdp = next(r for r in rows if r["strategy"] == "fsdp")
     assert (fsdp["F"], fsdp["R"], fsdp["S"], fsdp["ratio_to_fsdp"]) == (1, 1, 512, 1.0)
     assert fsdp["B_S"] == 12.5e9 and fsdp["B_R"] is None and fsdp["B_F"] is None

@@ -4,12 +4,13 @@ import shutil
 import subprocess
 import sys
 
+from launcher import scheduler as schedulers
 from launcher.placement import topology
 from launcher.plan import place_runs
 from launcher.settings import compose
 from launcher.slurm.injob import PlacedTrainJob
 from launcher.slurm.parse import Switch
-from launcher.slurm.submit import entrypoint, slurm_parameters
+from launcher.slurm.submit import slurm_parameters
 from launcher.sweep import expand
 from tests.support import clean_env
 from tests.test_allocate import FIXTURES
@@ -66,7 +67,7 @@ def test_slurm_mode_keeps_srun_order_and_asks_for_no_switches(tmp_path):
     assert planned[3].leaves is None and "switches" not in params.get("additional_parameters", {})
     assert "nodelist" not in params and "srun_args" not in params
     assert planned[3].placement.nodes == sorted(planned[3].placement.nodes)  # name order, rank k on node k // G
-    job = entrypoint(settings.cluster, planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
+    job = schedulers.of(settings.cluster).entrypoint(planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
     assert type(job) is TrainJob  # not PlacedTrainJob: SLURM_PROCID is the rank
 
 
@@ -74,5 +75,5 @@ def test_in_job_mode_asks_for_the_leaves_the_plan_spans(tmp_path):
     settings, planned, params = _leonardo_8_nodes(tmp_path, "in_job")
     assert planned[3].leaves == 2
     assert params["additional_parameters"]["switches"] == "2@05:00" and "nodelist" not in params
-    job = entrypoint(settings.cluster, planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
+    job = schedulers.of(settings.cluster).entrypoint(planned[3], tmp_path / "spec.json", tmp_path / "topology.json")
     assert type(job) is PlacedTrainJob

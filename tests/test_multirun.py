@@ -11,6 +11,7 @@ import pytest
 from launcher import multirun
 from launcher.__main__ import main
 from launcher.errors import ConfigError
+from launcher.sweep import point_suffix
 from tests.support import ROOT, clean_env
 from train.result import RunResult
 
@@ -23,7 +24,7 @@ def test_split_parses_hydras_sweep_syntax():
                                                  ("model", ["mini", "tiny"])]
     assert len(multirun.points(axes)) == 8
     point = {"train.lr": "0.001", "train.seed": "1", "model": "tiny"}
-    assert multirun.suffix(point, axes) == "-lr0.001-seed1-modeltiny"
+    assert point_suffix(point, axes) == "-lr0.001-seed1-modeltiny"
     for argv, message in ((["cluster=local,testbed"], "cluster cannot be swept with -m"),
                           (["results_dir=a,b"], "results_dir cannot be swept"),
                           (["train.lr=1,2", "train.lr=3,4"], "train.lr is swept twice"),

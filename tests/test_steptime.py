@@ -8,6 +8,7 @@ from launcher.placement.costmodel import Model, llama_params
 from launcher.placement.levels import traffic
 from launcher.placement.steptime import (
     Compute,
+    Links,
     ModelParallel,
     Network,
     Shapes,
@@ -17,6 +18,7 @@ from launcher.placement.steptime import (
 )
 from train.presets import PRESETS
 from train.spec import FEDAVG_CHUNK_BYTES
+from train.strategy import Layout
 
 SHAPES = Shapes(root=100, layer=10, layers=2)  # units: root 100, two layers of 10 parameters
 FP32 = Model(params=120, layers=2, bytes_per_param=4)
@@ -26,7 +28,7 @@ LEAF = {0: 1}                                   # one group per link, crossing n
 
 
 def _step(strategy, F, R, S, A, loads, compute=COMPUTE, overlap=False, network=NOMINAL, model=FP32):
-    return step_time(strategy, F, R, S, A, SHAPES, model, loads, network, compute, overlap)
+    return step_time(Layout(strategy, F, R, S, A), SHAPES, model, Links(network, loads), compute, overlap)
 
 
 def test_fsdp_step_by_hand():
@@ -89,8 +91,8 @@ def test_groups_sharing_a_link_split_its_bandwidth():
 def test_fedavg_counts_one_collective_per_chunk():
     big = Shapes(root=FEDAVG_CHUNK_BYTES // 4, layer=FEDAVG_CHUNK_BYTES // 8, layers=2)  # 2 chunks of fp32
     network = Network({k: type(v)(1.0, 1e18) for k, v in NOMINAL.links.items()}, "latency only")
-    t = step_time("fl_fsdp", 2, 1, 1, 1, big, FP32, {"shard": {}, "replicate": {}, "federation": {1: 1}}, network,
-                  None, False)
+    t = step_time(Layout("fl_fsdp", 2, 1, 1, 1), big, FP32,
+                  Links(network, {"shard": {}, "replicate": {}, "federation": {1: 1}}), None, False)
     assert t.comm_s["federation"] == pytest.approx(2.0, rel=1e-6)
     assert t.compute_s is None and "unknown" in t.compute_source
 
@@ -177,7 +179,7 @@ def test_world_barriers_are_priced_per_step_and_never_hidden():
     loads = {"shard": LEAF, "replicate": {}, "federation": {}}
     for overlap in (False, True):
         plain = _step("fsdp", 1, 1, 4, None, loads, overlap=overlap)
-        synced = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, COMPUTE, overlap, sync_s=0.5)
+        synced = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, loads), COMPUTE, overlap, sync_s=0.5)
         assert synced.step_s - plain.step_s == pytest.approx(0.5) and synced.comm_s["sync"] == 0.5
 
 
@@ -187,8 +189,9 @@ def test_tensor_parallel_step_by_hand():
     # per column-wise matrix's input gradient in backward; one more for lm_head's input gradient, and the logits
     # gathered (8 x 5 x 4 = 160 B), inside a node (1e3 B/s).
     mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5)
-    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
-                  "tensor": {-1: 1}, "pipeline": {}}, NOMINAL, COMPUTE, overlap=False, mp=mp)
+    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
+        "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {-1: 1}, "pipeline": {}}),
+                  COMPUTE, overlap=False, mp=mp)
     assert t.comm_s["tensor"] == pytest.approx(15 * 64 * 1.0 / 1e3 + 160 * 0.5 / 1e3)
     assert t.comm_s["shard"] == pytest.approx(((75 + 2 * 2 * 5) * 4 + (75 + 2 * 5) * 4) * 0.75 / 100)
     assert t.compute_s == pytest.approx(3.0 / 2 + 4.0 / (4 * 2))  # forward+backward / tp, optimizer / (S x tp)
@@ -199,8 +202,9 @@ def test_sequence_parallel_tensor_step_by_hand():
     # 64 B activations (each half an all_reduce's ring bytes: 64 x 0.5 / 1e3) and the 5 backward all_reduces,
     # the stage's 2 more all_gathers, lm_head's all_reduce and its logits' gather as before.
     mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5, sequence_parallel=True)
-    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
-                  "tensor": {-1: 1}, "pipeline": {}}, NOMINAL, COMPUTE, overlap=False, mp=mp)
+    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
+        "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {-1: 1}, "pipeline": {}}),
+                  COMPUTE, overlap=False, mp=mp)
     per_layer = 6 * 64 * 0.5 / 1e3 + 5 * 64 / 1e3
     assert t.comm_s["tensor"] == pytest.approx(2 * per_layer + 2 * 64 * 0.5 / 1e3 + 64 / 1e3 + 160 * 0.5 / 1e3)
 
@@ -210,8 +214,9 @@ def test_pipeline_step_by_hand():
     # and their gradient back across a leaf (100 B/s); compute halved, then stretched by the bubble (2+2-1)/2.
     # The layer is gathered in forward once per microbatch (FSDP2 reshards it after each) and once in backward.
     mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
-    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, {"shard": LEAF, "replicate": {}, "federation": {},
-                  "tensor": {}, "pipeline": {0: 1}}, NOMINAL, COMPUTE, overlap=True, mp=mp)
+    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
+        "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {}, "pipeline": {0: 1}}),
+                  COMPUTE, overlap=True, mp=mp)
     assert t.comm_s["pipeline"] == pytest.approx(2 * 3 * 32 / 100)
     # one layer and the embedding per rank
     assert t.comm_s["shard"] == pytest.approx(((50 + 3 * 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
@@ -227,8 +232,8 @@ def test_a_stage_step_measured_in_place_replaces_the_priced_parts():
     mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
     stage = Compute(forward_s=0.75, backward_s=0.0, optimizer_s=2.0, source="in place", in_place=True)
     loads = {"shard": LEAF, "replicate": {}, "federation": {}, "tensor": {}, "pipeline": {0: 1}}
-    t = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, stage, overlap=False, mp=mp)
-    priced = step_time("fsdp", 1, 1, 4, None, SHAPES, FP32, loads, NOMINAL, COMPUTE, overlap=False, mp=mp)
+    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, loads), stage, overlap=False, mp=mp)
+    priced = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, loads), COMPUTE, overlap=False, mp=mp)
     assert "pipeline" not in t.comm_s and t.comm_s["shard"] == priced.comm_s["shard"]
     assert t.compute_s == pytest.approx(0.75 + 2.0 / 4) and t.compute_source == "in place"
     assert t.no_overlap_s == pytest.approx(0.75 + 2.0 / 4 + t.comm_s["shard"])

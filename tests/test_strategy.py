@@ -8,7 +8,7 @@ from launcher.report import paper
 from launcher.settings import compose
 from launcher.sweep import expand
 from train.spec import RunSpec
-from train.strategy import STRATEGIES, Strategy
+from train.strategy import STRATEGIES, Layout, Strategy
 
 
 def test_the_paper_layouts_on_128_nodes_of_4_gpus():
@@ -21,9 +21,8 @@ def test_the_paper_layouts_on_128_nodes_of_4_gpus():
 
 def test_candidates_and_accepted_layouts():
     assert ranking.candidates(4, 2, As=(8,)) == [
-        ("fsdp", 1, 1, 8, None, 1, 1), ("hsdp", 1, 4, 2, None, 1, 1), ("fl_fsdp", 4, 1, 2, 8, 1, 1),
-        ("fl_hsdp", 2, 2, 2, 8, 1, 1)]
-    assert ranking.candidates(1, 4, As=(8,)) == [("fsdp", 1, 1, 4, None, 1, 1)]  # one node: nothing to replicate
+        Layout("fsdp", 1, 1, 8), Layout("hsdp", 1, 4, 2), Layout("fl_fsdp", 4, 1, 2, 8), Layout("fl_hsdp", 2, 2, 2, 8)]
+    assert ranking.candidates(1, 4, As=(8,)) == [Layout("fsdp", 1, 1, 4)]  # one node: nothing to replicate
     assert STRATEGIES["fsdp"].accepts(1, 2) == "fsdp needs F = 1 and R = 1"
     assert STRATEGIES["hsdp"].accepts(2, 2) == "hsdp needs F = 1 (use fl_hsdp for federation groups)"
     assert STRATEGIES["fl_fsdp"].accepts(2, 2) == "fl_fsdp needs R = 1 (use fl_hsdp for replicas)"
@@ -40,4 +39,4 @@ def test_a_row_added_to_the_table_is_swept_specified_ranked_and_labelled(monkeyp
     assert [r.run_id for r in runs] == ["fsdp-F1-R1-S8", "diloco_hsdp-F2-R2-S2-A4"]
     spec = runs[1].spec
     assert spec.federated and RunSpec.from_dict(spec.to_dict()).strategy == "diloco_hsdp"
-    assert ("diloco_hsdp", 2, 2, 2, 8, 1, 1) in ranking.candidates(4, 2, As=(8,))
+    assert Layout("diloco_hsdp", 2, 2, 2, 8) in ranking.candidates(4, 2, As=(8,))

@@ -34,7 +34,6 @@ zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide
     context-free model of exactly that data, counted).
 """
 import math
-from abc import ABC, abstractmethod
 
 import numpy as np
 import torch
@@ -42,6 +41,8 @@ import torch
 from train.documents import documents, load_tokenizer
 from train.errors import DataError
 from train.sections import DataSection, SyntheticData, TextData, TokensData, data_section
+from train.source import TokenSource, entropy, unigram_ppl
+from train.tokens import TokensSource
 
 _CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
 
@@ -50,54 +51,10 @@ def _rng(seed: int, domain: int, *ids: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, domain, *ids]))
 
 
-def _entropy(p: np.ndarray) -> float:
-    """Shannon entropy in nats of a probability vector (zero entries contribute nothing)."""
-    p = p[p > 0]
-    return float(-(p * np.log(p)).sum())
-
-
-def unigram_ppl(eval_blocks: torch.Tensor, vocab: int) -> float:
-    """baseline_ppl of packed text: the perplexity of the eval blocks' own unigram frequencies over the tokens eval
-    perplexity scores (labels shift by one), the best context-free model of exactly that data."""
-    predicted = eval_blocks[:, 1:].reshape(-1).numpy()
-    return math.exp(_entropy(np.bincount(predicted, minlength=vocab) / predicted.size))
-
-
 def _in_range(key: str, value: int, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise DataError(f"data.{key} must be an integer in [{lo}, {hi}], got {value!r}")
     return value
-
-
-class TokenSource(ABC):
-    """What the trainer needs from data: stateless batches, a fixed eval set, a summary."""
-
-    vocab_size: int
-    floor_ppl: float | None
-    baseline_ppl: float  # the best context-free model's perplexity on the eval data (see the module docstring)
-
-    @abstractmethod
-    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
-        """[batch, seq_len] ids, a pure function of (seed, stream, step, batch, seq_len)."""
-
-    @abstractmethod
-    def eval_set(self, seq_len: int) -> torch.LongTensor:
-        """[n_eval, seq_len] held-out ids, identical on every rank and every call."""
-
-    @abstractmethod
-    def describe(self) -> dict:
-        """Small JSON-able summary written into result files."""
-
-    def _check_len(self, seq_len: int) -> None:
-        """Packed sources are opened for one seq_len (their block counts and baseline depend on it)."""
-        if seq_len != self.seq_len:
-            raise DataError(f"{self.describe()['kind']} data was opened for seq_len {self.seq_len}, asked for "
-                            f"{seq_len}")
-
-    def seen(self, tokens: int) -> dict:
-        """What a run that trained `tokens` tokens drew from this source, for result.json (nothing to say for
-        sources drawn with replacement)."""
-        return {}
 
 
 class SyntheticSource(TokenSource):
@@ -116,7 +73,7 @@ class SyntheticSource(TokenSource):
         row_entropy = -(self.probs * np.log(self.probs, where=self.probs > 0, out=np.zeros_like(self.probs))).sum(1)
         self.entropy_rate = float(self.stationary @ row_entropy)
         self.vocab_size, self.floor_ppl = vocab, math.exp(self.entropy_rate)
-        self.baseline_ppl = math.exp(_entropy(self.stationary))
+        self.baseline_ppl = math.exp(entropy(self.stationary))
         self.seed, self.eval_sequences = seed, eval_sequences
         # Inverse-CDF table: row i's cumulative probabilities shifted to [2i, 2i+1]. One
         # searchsorted over all rows then samples every chain at once; the gap between rows
@@ -216,8 +173,6 @@ def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed:
         return SyntheticSource(vocab, _in_range("branching", data.branching, 1, vocab),
                                _in_range("eval_sequences", data.eval_sequences, 1, 1 << 20), seed)
     if isinstance(data, TokensData):
-        from train.tokens import TokensSource  # it imports this module
-
         return TokensSource(data, model_vocab, seq_len, seed, streams, global_batch, steps)
     return TextSource(data, model_vocab, seq_len, seed)
 

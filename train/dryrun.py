@@ -50,7 +50,8 @@ from . import mesh as meshes
 from . import model as models
 from .dims import NAMES
 from .errors import FedshardError
-from .spec import RunSpec, write_atomic
+from .files import write_atomic
+from .spec import RunSpec
 
 COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional", "c10d_functional")
 NOT_COLLECTIVES = ("wait_tensor", "_wrap_tensor_autograd")  # a wait on one already counted, a wrapper

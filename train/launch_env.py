@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import FedshardError
-from .spec import write_atomic
+from .files import write_atomic
 
 
 @dataclass

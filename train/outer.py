@@ -49,19 +49,33 @@ class Exchange:
     lands_after: int
 
 
+@dataclass(frozen=True)
+class OuterStep:
+    """The outer optimizer's settings: Nesterov SGD at `lr` and `momentum` on the pseudo-gradients (lr 1,
+    momentum 0: FedAvg), sent as `wire` (fp32, bf16, int8), in `fragments` rotating every A / fragments steps, each
+    landing `delay` steps after its launch; `offload` keeps the synchronized copy and momentum in host memory."""
+    lr: float
+    momentum: float
+    offload: bool = False
+    wire: str = "fp32"
+    fragments: int = 1
+    delay: int = 0
+
+
 class DiLoCo(FedAvg):
-    def __init__(self, model, optimizer, mesh, A: int, lr: float, momentum: float, offload: bool,
-                 wire: str = "fp32", fragments: int = 1, delay: int = 0,
+    def __init__(self, model, optimizer, mesh, A: int, outer: OuterStep,
                  whole: list[tuple[str, int]] | None = None, **fedavg):
         super().__init__(model, optimizer, mesh, A, **fedavg)
-        self.lr, self.momentum, self.wire, self.delay, self.offload = lr, momentum, wire, delay, offload
+        self.lr, self.momentum, self.wire, self.delay, self.offload = (outer.lr, outer.momentum, outer.wire,
+                                                                       outer.delay, outer.offload)
+        fragments = outer.fragments
         self.synced = [self._home(local(p).detach().to(torch.float32, copy=True)) for _, p in self.named_params()]
         self.velocity = [self._home(torch.zeros_like(s, device=local(p).device))
                          for s, (_, p) in zip(self.synced, self.named_params())]
         self.fragments = fragments_of([name for name, _ in self.named_params()],
                                       whole or [(name, p.numel()) for name, p in self.named_params()], fragments)
         self.period = A // fragments  # steps between two launches
-        self.streamed = fragments > 1 or delay > 0
+        self.streamed = fragments > 1 or self.delay > 0
         self.pending: Exchange | None = None
 
     def _home(self, t: torch.Tensor) -> torch.Tensor:

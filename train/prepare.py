@@ -28,8 +28,8 @@ import numpy as np
 
 from train.documents import documents
 from train.errors import DataError
+from train.files import atomic, write_atomic
 from train.sections import TextData
-from train.spec import write_atomic
 
 INDEX = "index.json"
 VERSION = 1
@@ -133,9 +133,8 @@ def tokenize(job: Job, tok: Tokenizer, out: Path) -> dict:
             parts.append(ids)
             tokens += len(ids)
     shard = out / f"shard-{job.shard}.bin"
-    tmp = shard.with_name(f".{shard.name}.tmp{os.getpid()}")
-    (np.concatenate(parts) if parts else np.zeros(0, tok.dtype)).tofile(tmp)
-    os.replace(tmp, shard)
+    with atomic(shard) as tmp:
+        (np.concatenate(parts) if parts else np.zeros(0, tok.dtype)).tofile(tmp)
     record = {"path": job.path, "size": job.size, "hash": job.hash, "shard": shard.name, "documents": len(docs),
               "tokens": tokens}
     write_atomic(shard.with_suffix(".json"), json.dumps(record) + "\n")

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .errors import FedshardError
+from .files import write_atomic
 from .sections import reject_unknown
-from .spec import write_atomic
 
 
 class ResultError(FedshardError):

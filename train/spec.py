@@ -16,8 +16,9 @@ from pathlib import Path
 from . import profiling
 from .dims import Dims
 from .errors import SpecError
+from .files import write_atomic
 from .sections import DataSection, ModelSection, SyntheticData, check_types, data_section, data_to_dict, reject_unknown
-from .strategy import STRATEGIES
+from .strategy import STRATEGIES, Layout
 
 # FedAvg packs shards into flat buffers of at most this size, one collective each (train.federated; the
 # step-time model counts them without importing torch).
@@ -190,6 +191,10 @@ class RunSpec:
         return Dims(self.F, self.R, self.S, self.train.pp, self.train.tp)
 
     @property
+    def layout(self) -> Layout:
+        return Layout(self.strategy, self.F, self.R, self.S, self.A, self.train.pp, self.train.tp)
+
+    @property
     def world_size(self) -> int:
         return self.dims.world
 
@@ -346,9 +351,3 @@ def _names(cls) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)

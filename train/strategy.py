@@ -72,3 +72,43 @@ def strategy(name: str) -> Strategy:
         return STRATEGIES[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; expected one of {', '.join(STRATEGIES)}") from None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One layout of the ranks: a strategy, its grid F x R x S of data-parallel ranks, each a pipeline of P stages
+    of T tensor-parallel pieces, and its outer period A (None for a strategy without federation groups). The value
+    the sweep, plan, prediction, cost model, ranking and reports pass around, in the manner of torchtitan's
+    ParallelDims: frozen, with what follows from it derived."""
+
+    strategy: str
+    F: int
+    R: int
+    S: int
+    A: int | None = None
+    P: int = 1
+    T: int = 1
+
+    @property
+    def row(self) -> Strategy:
+        return STRATEGIES[self.strategy]
+
+    @property
+    def federated(self) -> bool:
+        return self.row.federated
+
+    @property
+    def dp_world(self) -> int:
+        """Data-parallel ranks, each training on its own batches."""
+        return self.F * self.R * self.S
+
+    @property
+    def world(self) -> int:
+        return self.dp_world * self.P * self.T
+
+    @property
+    def label(self) -> str:
+        """fl_hsdp  (F,R,S)=(2,64,4) A=32 pp=2 tp=2, as the plan's ranking prints a layout."""
+        A = f" A={self.A}" if self.A else ""
+        mp = "".join(f" {k}={v}" for k, v in (("pp", self.P), ("tp", self.T)) if v > 1)
+        return f"{self.strategy:<8} (F,R,S)=({self.F},{self.R},{self.S}){A}{mp}"

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from train import token_index
-from train.data import TokenSource, unigram_ppl
 from train.sections import TokensData
+from train.source import TokenSource, unigram_ppl
 
 _PERMUTATION = 3  # SeedSequence domain tag (train.data uses 0-2)
 

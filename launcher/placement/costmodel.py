@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train.spec import INT8_BLOCK  # torch-free
-from train.strategy import STRATEGIES
+from train.strategy import STRATEGIES, Layout
 
 LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
@@ -95,9 +95,10 @@ def _bandwidth(key: str, value: float | None) -> float:
     return value
 
 
-def _terms(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
-           B_S: float | None, B_R: float | None, B_F: float | None) -> dict[str, float]:
+def _terms(layout: Layout, model: Model, B_S: float | None, B_R: float | None,
+           B_F: float | None) -> dict[str, float]:
     """Seconds per batch of each term; fsdp/hsdp/fl_fsdp are fl_hsdp with F = 1 and/or R = 1 pinned."""
+    strategy, F, R, S, A = layout.strategy, layout.F, layout.R, layout.S, layout.A
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     for key, size in (("F", F), ("R", R), ("S", S)):
@@ -120,15 +121,14 @@ def _terms(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
             "federation": model.fedavg_bytes * federation}
 
 
-def comm_time(strategy: str, F: int, R: int, S: int, A: int | None, model: Model,
-              B_S: float | None, B_R: float | None, B_F: float | None) -> float:
+def comm_time(layout: Layout, model: Model, B_S: float | None, B_R: float | None, B_F: float | None) -> float:
     """Predicted communication seconds per optimizer step (the paper's C_FSDP ... C_FL+HSDP)."""
-    return sum(_terms(strategy, F, R, S, A, model, B_S, B_R, B_F).values())
+    return sum(_terms(layout, model, B_S, B_R, B_F).values())
 
 
-def predict(strategy: str, F: int, R: int, S: int, A: int | None, model: Model, bandwidth: dict) -> dict:
+def predict(layout: Layout, model: Model, bandwidth: dict) -> dict:
     """comm_time with its split by term, from {"B_S", "B_R", "B_F"} (absent = None), for reports."""
-    terms = _terms(strategy, F, R, S, A, model, *(bandwidth.get(key) for key in ("B_S", "B_R", "B_F")))
+    terms = _terms(layout, model, *(bandwidth.get(key) for key in ("B_S", "B_R", "B_F")))
     return {"predicted_comm_s": sum(terms.values()), "terms": terms}
 
 

@@ -10,46 +10,47 @@ from __future__ import annotations
 from launcher.placement import allocate
 from launcher.placement.costmodel import Model, predict
 from launcher.placement.topology import Topology
-from train.strategy import STRATEGIES
+from train.strategy import STRATEGIES, Layout
 
 AS = (1, 2, 4, 8, 16, 32)
 
 
-def candidates(nodes: int, G: int, As=AS, parallel=((1, 1),)) -> list[tuple]:
-    """The paper's layout shapes on `nodes` nodes of G GPUs, for each (pp, tp) in `parallel`: (strategy, F, R, S,
-    A, pp, tp). A shard of pp x tp GPUs leaves G / (pp x tp) shards per node, or spans (pp x tp) / G nodes."""
+def candidates(nodes: int, G: int, As=AS, parallel=((1, 1),)) -> list[Layout]:
+    """The paper's layout shapes on `nodes` nodes of G GPUs, for each (pp, tp) in `parallel`. A shard of pp x tp
+    GPUs leaves G / (pp x tp) shards per node, or spans (pp x tp) / G nodes."""
     out = []
     for P, T in parallel:
         grid = allocate.shards_per_node(nodes, G, P, T)
         if grid is None:
             continue
         n, g = grid
-        out += [(name, *layout, P, T) for name, row in STRATEGIES.items() for layout in row.candidates(n, g, As)]
+        out += [Layout(name, *grid, P=P, T=T) for name, row in STRATEGIES.items() for grid in row.candidates(n, g, As)]
     return out
 
 
-def price(strategy: str, F: int, R: int, S: int, A, G: int, model: Model, topo: Topology,
+def price(layout: Layout, G: int, model: Model, topo: Topology,
           usable: list[str] | None = None) -> tuple[allocate.Placement, float]:
-    placement = allocate.place(F, R, S, G, topo, usable)
-    return placement, predict(strategy, F, R, S, A, model, placement.bandwidth)["predicted_comm_s"]
+    placement = allocate.place(layout.F, layout.R, layout.S, G, topo, usable)
+    return placement, predict(layout, model, placement.bandwidth)["predicted_comm_s"]
 
 
-def rank_layouts(nodes: int, G: int, model: Model, topo: Topology, usable: list[str] | None = None,
-                 As=AS, step=None, parallel=((1, 1),), memory=None, capacity: float | None = None) -> list[dict]:
-    """Fastest first by `step((strategy, F, R, S, A, pp, tp), placement)` seconds when given, else cheapest
+def rank_layouts(layouts: list[Layout], G: int, model: Model, topo: Topology, usable: list[str] | None = None,
+                 step=None, memory=None, capacity: float | None = None) -> list[dict]:
+    """Fastest first by `step(layout, placement)` seconds when given, else cheapest
     communication; ratio_to_fsdp = this layout's communication / FSDP's on the same nodes (< 1: less than FSDP),
-    speedup_over_fsdp = FSDP's predicted step / this layout's (FSDP: the first candidate, pp = tp = 1).
+    speedup_over_fsdp = FSDP's predicted step / this layout's (FSDP: the first of `layouts`, as `candidates`
+    lists them).
     `memory(layout)`: bytes per device; with `capacity`, layouts above it are marked and ranked last."""
     usable = topo.usable() if usable is None else usable
     rows = []
     placed: dict[tuple, allocate.Placement] = {}  # candidates that differ only in strategy or A share a placement
-    for layout in candidates(nodes, G, As, parallel):
-        strategy, F, R, S, A, P, T = layout
+    for layout in layouts:
+        F, R, S, P, T = layout.F, layout.R, layout.S, layout.P, layout.T
         if (F, R, S, P, T) not in placed:
             placed[F, R, S, P, T] = allocate.place(F, R, S, G, topo, usable, P=P, T=T)
         placement = placed[F, R, S, P, T]
-        seconds = predict(strategy, F, R, S, A, model, placement.bandwidth)["predicted_comm_s"]
-        rows.append({"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "pp": P, "tp": T,
+        seconds = predict(layout, model, placement.bandwidth)["predicted_comm_s"]
+        rows.append({"strategy": layout.strategy, "F": F, "R": R, "S": S, "A": layout.A, "pp": P, "tp": T,
                      "predicted_comm_s": seconds, **placement.bandwidth, "hierarchy_ok": placement.hierarchy_ok})
         if step is not None:
             rows[-1]["predicted_step_s"] = step(layout, placement)

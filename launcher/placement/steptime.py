@@ -36,6 +36,7 @@ traffic as this machine runs them, which the parts above priced up to 71 % short
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement, communicators
@@ -45,6 +46,7 @@ from launcher.placement.levels import level_name, traffic
 from launcher.placement.topology import Topology
 from train.presets import flops_per_token
 from train.spec import FEDAVG_CHUNK_BYTES
+from train.strategy import Layout
 
 ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
 
@@ -266,15 +268,22 @@ def wire_bytes(moved: list, ranks: dict[str, int]) -> dict[str, dict[str, float]
     return out
 
 
-def step_time(strategy: str, F: int, R: int, S: int, A: int | None, shapes: Shapes, model: Model,
-              loads: dict[str, dict[int, int]], network: Network, compute: Compute | None,
+class Links(NamedTuple):
+    """Where a layout's bytes go: the network's latency and bandwidth per level, and how many flows share each
+    level's busiest link in this placement (load)."""
+    network: Network
+    loads: dict[str, dict[int, int]]
+
+
+def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, compute: Compute | None,
               overlap: bool, sync_s: float = 0.0, mp: ModelParallel = ModelParallel()) -> StepTime:
     """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `sync_s`:
     world-wide barriers per step (sync_seconds), which nothing overlaps; `mp`: tensor and pipeline parallelism."""
+    F, R, S, A = layout.F, layout.R, layout.S, layout.A
     moved, ranks = transfers(F, R, S, shapes, model, mp), group_ranks(F, R, S, mp)
 
     def seconds(per: str, *groups: str) -> float:
-        return sum(t.calls * network.seconds(t.collective, t.size, ranks[t.group], loads[LOADS[t.group]])
+        return sum(t.calls * links.network.seconds(t.collective, t.size, ranks[t.group], links.loads[LOADS[t.group]])
                    for t in moved if t.per == per and t.group in groups)
 
     federation = seconds("aggregation", *LOADS) / A if F > 1 else 0.0

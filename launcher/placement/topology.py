@@ -214,18 +214,20 @@ def ideal(n_nodes: int, nodes_per_level: list[int]) -> Topology:
     return _rooted(parent, level, leaves, None)
 
 
-def load(cluster) -> tuple[Topology, str, bool]:
-    """The cluster's topology with bandwidth attached, where it came from, and whether it is the real one.
+def virtual(cluster) -> tuple[Topology, str, bool]:
+    """An ideal tree of the cluster's virtual nodes (every rank on this machine), with bandwidth attached."""
+    topo = ideal(cluster.nodes, cluster.nodes_per_level)
+    return topo.with_bandwidth(cluster.bandwidth, "cluster.bandwidth_GBps"), "virtual nodes", False
 
-    local: an ideal tree of virtual nodes. SLURM: the snapshot directory when set; else live scontrol when
-    it speaks for this cluster (`live_source`); else an ideal tree from cluster.nodes_per_level, saying why.
-    """
-    if cluster.executor == "slurm" and cluster.snapshot:
+
+def load(cluster) -> tuple[Topology, str, bool]:
+    """A SLURM cluster's topology with bandwidth attached, where it came from, and whether it is the real one: the
+    snapshot directory when set; else live scontrol when it speaks for this cluster (`live_source`); else an ideal
+    tree from cluster.nodes_per_level, saying why."""
+    if cluster.snapshot:
         source, live = f"snapshot {cluster.snapshot}", True
-    elif cluster.executor == "slurm":
-        live, source = live_source(cluster)
     else:
-        source, live = "virtual nodes", False
+        live, source = live_source(cluster)
     if live:
         name = scontrol.topology_name(cluster)
         topo = build(scontrol.topology_text(cluster.snapshot, name), scontrol.nodes_text(cluster.snapshot))

@@ -4,7 +4,6 @@ results' evaluation histories when runs evaluated during training (train.eval_ev
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import matplotlib
@@ -14,16 +13,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from launcher.report.results import group_repeats  # noqa: E402
 from launcher.report.tables import paper_order  # noqa: E402
+from train.files import atomic  # noqa: E402
 from train.result import PHASES, RunResult  # noqa: E402
 
 
 def save_png(fig, path: Path) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+        with atomic(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 

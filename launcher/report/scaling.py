@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from launcher import scheduler as schedulers
 from launcher.report import stats
 from launcher.report.paper import NAMES
 from launcher.report.plots import MARKERS, plt, save_png
@@ -57,7 +58,7 @@ def one_machine(cluster) -> str | None:
     whose nodes are network namespaces of the machine that built them (cluster.network)."""
     if cluster is None:
         return None
-    if cluster.executor == "local":
+    if schedulers.of(cluster).runs_here:
         return "the local executor"
     return "the testbed's nodes are network namespaces of it" if cluster.network is not None else None
 

@@ -19,6 +19,14 @@ def _sig3(x: float) -> str:
     return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
 
 
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.23 MB', 4.13e12 -> '4.13 TB' (decimal units, as disks and links are sold)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
 def oriented(ratio: float, below: str, above: str = "") -> str:
     """A ratio read one way: `ratio`× when it is >= 1, else its inverse with the word for the other
     direction — "1.41× slower", never "0.708× faster"."""

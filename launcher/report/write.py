@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from launcher import registry, target
+from launcher import scheduler as schedulers
 from launcher.errors import StateError
 from launcher.placement import topology
 from launcher.report.plots import plots
@@ -15,8 +16,8 @@ from launcher.report.scaling import scaling_plot, scaling_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
 from launcher.store import Store
+from train.files import write_atomic
 from train.result import RunResult
-from train.spec import write_atomic
 
 LOCAL_NOTE = ("cluster=local: every rank ran on this one machine, with no slow link between its virtual nodes, so "
               "the speed ratios do not test the paper's claim (which is about slow links between nodes); the SLURM "
@@ -25,7 +26,7 @@ LOCAL_NOTE = ("cluster=local: every rank ran on this one machine, with no slow l
 
 def notes_for(cluster) -> list[str]:
     """What a reader of this cluster's tables must know to not misread them."""
-    return [LOCAL_NOTE] if cluster.executor == "local" else []
+    return [LOCAL_NOTE] if schedulers.of(cluster).runs_here else []
 
 
 def write_report(sweep_dir: Path, results: list[RunResult], cluster=None,
@@ -53,7 +54,7 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None,
     if steps is not None:
         tables["prediction"] = steps
     topo_path = sweep_dir / "topology.json"
-    local = cluster is not None and cluster.executor == "local"
+    local = cluster is not None and schedulers.of(cluster).runs_here
     if topo_path.exists() and not local:  # saved at submission: check where the ranks really ran
         columns, rows = placement_rows(results, topology.from_json(json.loads(topo_path.read_text())))
         tables["placement"] = Table("Placement achieved (slowest link per level, from where ranks ran)",
