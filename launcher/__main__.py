@@ -115,6 +115,7 @@ def main(argv: list[str]) -> int:
     if any(a.split("=", 1)[0] in HYDRA_FLAGS for a in argv):
         return hydra_cli(argv)
     from launcher import multirun
+    from launcher.experiment import Experiment, act
     from launcher.settings import compose
 
     try:
@@ -124,44 +125,7 @@ def main(argv: list[str]) -> int:
             settings, runs = multirun.expand_points(fixed, axes) if axes else (compose(fixed), None)
         else:
             settings = compose(argv)
-        if settings.action == "init_cluster":
-            from launcher.init_cluster import init_cluster
-
-            return init_cluster(settings)
-        if settings.action in ("status", "cancel", "tail"):
-            from launcher import control
-
-            return getattr(control, settings.action)(settings)
-        if settings.action in ("plan", "dryrun"):
-            from launcher.plan import plan
-
-            plan(settings, runs)
-            return 0
-        if settings.action == "probe":
-            from launcher.probe import probe
-
-            probe(settings, runs)
-            return 0
-        if settings.action == "prepare":
-            from launcher.prepare import prepare
-
-            return prepare(settings)
-        if settings.action == "report":
-            from launcher.report.results import load_results
-            from launcher.report.write import outputs, write_report
-
-            markdown, written = write_report(settings.sweep_dir, load_results(settings.sweep_dir), settings.cluster,
-                                             settings.sweep.scaling)
-            print(markdown)
-            print(outputs(settings.sweep_dir, written))
-            return 0
-        from launcher.run import run_sweep
-
-        if settings.action == "validate":
-            from launcher.validate import validate
-
-            return validate(settings, runs)
-        return run_sweep(settings, runs)
+        return act(Experiment(settings, runs))
     except FedshardError as exc:  # anything else is a bug: its traceback is kept
         print(f"fedshard: error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from launcher.progress import last_step
 from launcher.settings import Settings
 from launcher.slurm.submit import attempt_folder
 from launcher.store import FINAL, Store
-from launcher.sweep import Run, expand
+from launcher.sweep import Run
 from train import submitit_compat
 
 
@@ -53,10 +53,10 @@ def _jobs(settings: Settings, store: Store, runs: list[Run]) -> dict[str, tuple[
     return out
 
 
-def status(settings: Settings) -> int:
+def status(settings: Settings, runs: list[Run]) -> int:
     """One line per run: state (the scheduler's, where the manifest has not settled it), job id, attempts, step,
     the last line of its log; then the counts."""
-    runs, store = expand(settings), Store(settings.sweep_dir)
+    store = Store(settings.sweep_dir)
     live = live_states(settings, store, runs)
     width = max(24, *(len(r.run_id) for r in runs))
     print(f"sweep {settings.sweep.name} on cluster {settings.cluster.name}: {settings.sweep_dir}")
@@ -76,10 +76,10 @@ def status(settings: Settings) -> int:
     return 0
 
 
-def cancel(settings: Settings) -> int:
+def cancel(settings: Settings, runs: list[Run]) -> int:
     """Cancel every queued or running job of the sweep (scancel on SLURM, the controller's SIGINT here). A launcher
     still waiting on them records their end itself; without one, the manifest says CANCELLED."""
-    runs, store = expand(settings), Store(settings.sweep_dir)
+    store = Store(settings.sweep_dir)
     live = {run_id: state for run_id, state in live_states(settings, store, runs).items() if state != "ENDED"}
     if not live:
         print(f"nothing to cancel: no job of sweep {settings.sweep.name} is queued or running")
@@ -97,15 +97,15 @@ def cancel(settings: Settings) -> int:
     return 0
 
 
-def tail(settings: Settings, poll_s: float = 1.0) -> int:
+def tail(settings: Settings, runs: list[Run], poll_s: float = 1.0) -> int:
     """Print the run's log (task 0's stdout and stderr, latest attempt) as it grows, until its job ends (Ctrl-C
     stops following; the job goes on)."""
     if not settings.run:
         raise ConfigError("action=tail needs run=RUN_ID (action=status lists the sweep's runs)")
-    runs = {r.run_id: r for r in expand(settings)}
-    if settings.run not in runs:
+    by_id = {r.run_id: r for r in runs}
+    if settings.run not in by_id:
         raise ConfigError(f"run={settings.run} is not a run of sweep {settings.sweep.name} "
-                          f"({', '.join(list(runs)[:6])}{', ...' if len(runs) > 6 else ''})")
+                          f"({', '.join(list(by_id)[:6])}{', ...' if len(by_id) > 6 else ''})")
     offsets: dict[Path, int] = {}
     try:
         while True:
@@ -122,7 +122,7 @@ def tail(settings: Settings, poll_s: float = 1.0) -> int:
                     if text:
                         print(text, end="" if text.endswith("\n") else "\n", flush=True)
             ended = store.state(settings.run) in FINAL or \
-                live_states(settings, store, [runs[settings.run]]).get(settings.run, "ENDED") == "ENDED"
+                live_states(settings, store, [by_id[settings.run]]).get(settings.run, "ENDED") == "ENDED"
             if ended:
                 print(f"[{settings.run}: {store.state(settings.run) or 'ended'}]")
                 return 0
