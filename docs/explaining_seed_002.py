@@ -23,6 +23,7 @@ from launcher.placement.steptime import (  # noqa: E402
     COLLECTIVES,
     Compute,
     Link,
+    Links,
     ModelParallel,
     Network,
     Shapes,
@@ -31,6 +32,7 @@ from launcher.placement.steptime import (  # noqa: E402
     step_time,
 )
 from train.presets import flops_per_token  # noqa: E402
+from train.strategy import Layout  # noqa: E402
 
 GB = 1e9
 SEQ, G = 4096, 8  # context; GPUs per DGX node
@@ -136,8 +138,8 @@ def price(hw: Platform, gpus: int, batch: int, P: int = 1, T: int = 1, net_step:
     if unshared:
         loads = {kind: ({-1: 1} if set(lv) == {-1} else lv) for kind, lv in loads.items()}
     mp = ModelParallel(P, T, batch if P > 1 else 1, batch * SEQ, 4096, 32000)
-    t = step_time("fsdp", 1, 1, S, None, SHAPES, MODEL, loads, net, Compute.estimated(LLAMA2_7B, batch, SEQ, hw.peak),
-                  overlap=overlap, mp=mp)
+    t = step_time(Layout("fsdp", 1, 1, S), SHAPES, MODEL, Links(net, loads),
+                  Compute.estimated(LLAMA2_7B, batch, SEQ, hw.peak), overlap=overlap, mp=mp)
     regather = -(-SHAPES.layers // P) * net.seconds("all_gather", SHAPES.layer / T * MODEL.bytes_per_param, S,
                                                     loads["shard"])
     return Run(hw, gpus, P, T, batch, t, regather)

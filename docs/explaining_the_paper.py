@@ -16,9 +16,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from launcher.placement import topology  # noqa: E402
 from launcher.placement.allocate import place  # noqa: E402
 from launcher.placement.costmodel import model_from_preset, predict  # noqa: E402
-from launcher.placement.steptime import COLLECTIVES, Compute, Link, Network, Shapes, load, step_time  # noqa: E402
+from launcher.placement.steptime import (  # noqa: E402
+    COLLECTIVES,
+    Compute,
+    Link,
+    Links,
+    Network,
+    Shapes,
+    load,
+    step_time,
+)
 from launcher.report.paper import LAYOUTS, NAMES, PAPER_A, TABLES  # noqa: E402
 from train.presets import PRESETS  # noqa: E402
+from train.strategy import Layout  # noqa: E402
 
 GB = 1e9
 BATCH, SEQ, G, NODES = 2, 2048, 4, 128
@@ -53,9 +63,10 @@ def rows(compute: Compute, net: Network) -> list[tuple]:
     for strategy, (F, R, S) in LAYOUTS.items():
         A = PAPER_A if strategy.startswith("fl_") else None
         placement = place(F, R, S, G, topo)
-        t = step_time(strategy, F, R, S, A, Shapes.of(kwargs), model, load(placement, F, R, S, topo), net, compute,
+        layout = Layout(strategy, F, R, S, A)
+        t = step_time(layout, Shapes.of(kwargs), model, Links(net, load(placement, F, R, S, topo)), compute,
                       overlap=True)  # on GPUs the estimate is the full-overlap bound (FSDP prefetches)
-        paper = predict(strategy, F, R, S, A, model, placement.bandwidth)  # leonardo.yaml's nominal bandwidths
+        paper = predict(layout, model, placement.bandwidth)  # leonardo.yaml's nominal bandwidths
         out.append((strategy, t, paper["predicted_comm_s"]))
     return out
 
