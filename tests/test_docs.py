@@ -44,3 +44,12 @@ def test_launcher_page_lists_every_config_group_option_from_conf():
     page = (ROOT / "docs" / "launcher.md").read_text()
     assert out.strip() in page, "docs/launcher.md's config groups are stale: paste `python docs/config_groups.py`"
     assert out.count("\n") - 2 == len(list((ROOT / "conf").glob("*/*.yaml")))
+
+
+def test_layout_page_lists_every_module_of_the_tree():
+    out = subprocess.run([sys.executable, str(ROOT / "docs" / "modules.py")], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() in (ROOT / "docs" / "layout.md").read_text(), \
+        "docs/layout.md's modules are stale: paste `python docs/modules.py`"
+    modules = [line for line in out.splitlines() if line.startswith("| `") and "/` |" not in line]
+    assert len(modules) == len([*(ROOT / "launcher").rglob("*.py"), *(ROOT / "train").glob("*.py")])
