@@ -89,7 +89,7 @@ def per_pipeline(train: dict, tp: int, pp: int) -> dict:
     """The train settings of a run with these degrees. train.batch_per_rank counts sequences per GPU, as in the
     paper; a data-parallel rank of tp x pp GPUs takes tp x pp times as many, so every layout on the same GPUs
     trains the same global batch."""
-    return {**train, "tp": tp, "pp": pp, "batch_per_rank": train.get("batch_per_rank", 1) * tp * pp}
+    return {**train, "tp": tp, "pp": pp, "batch_per_rank": train["batch_per_rank"] * tp * pp}
 
 
 SCALINGS = ("none", "weak", "strong")
@@ -98,7 +98,7 @@ SCALINGS = ("none", "weak", "strong")
 def per_gpu_batches(settings: Settings, counts: list[int]) -> dict[int, int]:
     """train.batch_per_rank (sequences per GPU) at each node count: the same everywhere, except under
     sweep.scaling=strong, which keeps the global batch of the smallest count and splits it over more GPUs."""
-    scaling, batch = settings.sweep.scaling, settings.train.get("batch_per_rank", 1)
+    scaling, batch = settings.sweep.scaling, settings.train["batch_per_rank"]  # conf/train/base.yaml sets it
     if scaling not in SCALINGS:
         raise ConfigError(f"sweep.scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     if scaling != "none" and len(set(counts)) < 2:
