@@ -107,23 +107,31 @@ def tail(settings: Settings, runs: list[Run], poll_s: float = 1.0) -> int:
         raise ConfigError(f"run={settings.run} is not a run of sweep {settings.sweep.name} "
                           f"({', '.join(list(by_id)[:6])}{', ...' if len(by_id) > 6 else ''})")
     offsets: dict[Path, int] = {}
+
+    def follow(entry: dict) -> None:  # print what the logs gained since the last look
+        for path in _log_paths(settings, settings.run, entry):
+            if path.exists():
+                with open(path, errors="replace") as fh:
+                    fh.seek(offsets.get(path, 0))
+                    text = fh.read()
+                    offsets[path] = fh.tell()
+                if text:
+                    print(text, end="" if text.endswith("\n") else "\n", flush=True)
+
+    asked = float("-inf")  # the scheduler is asked every settings.poll_s, the logs read every poll_s
     try:
         while True:
             store = Store(settings.sweep_dir)
             entry = store.entries.get(settings.run, {})
             if not entry.get("job_id"):
                 raise ConfigError(f"{settings.run} has not been submitted (action=status shows the sweep)")
-            for path in _log_paths(settings, settings.run, entry):
-                if path.exists():
-                    with open(path, errors="replace") as fh:
-                        fh.seek(offsets.get(path, 0))
-                        text = fh.read()
-                        offsets[path] = fh.tell()
-                    if text:
-                        print(text, end="" if text.endswith("\n") else "\n", flush=True)
-            ended = store.state(settings.run) in FINAL or \
-                live_states(settings, store, [by_id[settings.run]]).get(settings.run, "ENDED") == "ENDED"
+            follow(entry)
+            ended = store.state(settings.run) in FINAL
+            if not ended and time.monotonic() - asked >= settings.poll_s:
+                asked = time.monotonic()
+                ended = live_states(settings, store, [by_id[settings.run]]).get(settings.run, "ENDED") == "ENDED"
             if ended:
+                follow(entry)  # what the job wrote between the last look and its end
                 print(f"[{settings.run}: {store.state(settings.run) or 'ended'}]")
                 return 0
             time.sleep(poll_s)

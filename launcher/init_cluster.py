@@ -12,18 +12,10 @@ from pathlib import Path
 from launcher.errors import ConfigError
 from launcher.settings import CONF_DIR, Settings, check_name
 from launcher.slurm import hardware, scontrol
-from launcher.slurm.parse import Node, Switch, parse_key_values, parse_nodes, parse_topology
+from launcher.slurm.parse import Node, Switch, parse_nodes, parse_partitions, parse_topology
 from train.files import write_atomic
 
 NOMINAL_GBPS = [240, 25, 12.5]  # per GPU: inside a node, under a leaf, above it (the template's; action=probe measures)
-
-
-def _partition_records(text: str | None) -> dict[str, dict]:
-    """PartitionName -> its fields, from `scontrol [-o] show partition` (one-line or multi-line records)."""
-    if not text:
-        return {}
-    records = [" ".join(r.split()) for r in re.split(r"(?m)^(?=PartitionName=)", text) if r.strip()]
-    return {fields["PartitionName"]: fields for fields in map(parse_key_values, records)}
 
 
 def gpu_partition(nodes: list[Node], records: dict[str, dict]) -> tuple[str, str]:
@@ -63,7 +55,7 @@ def cluster_yaml(settings: Settings, source: str) -> tuple[str, list[str], list[
     if snapshot is not None:
         snapshot = str(Path(snapshot).expanduser().resolve())
     nodes = parse_nodes(scontrol.nodes_text(snapshot))
-    records = _partition_records(scontrol.partitions_text(snapshot))
+    records = parse_partitions(scontrol.partitions_text(snapshot) or "")
     partition, why = gpu_partition(nodes, records)
     hw = hardware.of_partition(nodes, partition)
     gpus, gpu_counts = hw.gpus

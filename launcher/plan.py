@@ -111,10 +111,11 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     """(topology, its source, usable nodes, every run placed on them, what was excluded and why: usable_nodes);
     plan() saves the topology as topology.json for jobs and reports."""
     require_netns(settings.cluster)
-    topo, source, real = schedulers.of(settings.cluster).topology()
+    scheduler = schedulers.of(settings.cluster)
+    topo, source, real = scheduler.topology()
     if real:
         hardware.check(settings.cluster, [node for node in topo.nodes.values() if node is not None])
-    if settings.cluster.placement == "pinned" and schedulers.of(settings.cluster).reads_topology and not real:
+    if settings.cluster.placement == "pinned" and scheduler.reads_topology and not real:
         raise ConfigError("cluster.placement=pinned needs the real topology: set cluster.snapshot=DIR "
                           "(slurm/capture.sh) or run where scontrol works")
     usable, nodes = usable_nodes(settings, topo, runs)
@@ -471,8 +472,8 @@ def header(settings: Settings, runs: list[Run]) -> list[str]:
         return " / ".join(dict.fromkeys(values))
 
     specs = [run.spec for run in runs]
-    models = distinct(f"{model_name(s.model.to_dict())} ({comm_model(Run(s, 0)).params / 1e9:.3g} B parameters)"
-                      for s in specs)
+    models = distinct(f"{model_name(run.spec.model.to_dict())} ({comm_model(run).params / 1e9:.3g} B parameters)"
+                      for run in runs)
     data = distinct(_data_words(s.data) for s in specs)
     batch = distinct(f"{s.dims.dp_world * s.train.batch_per_rank} sequences x {s.train.seq_len} tokens" for s in specs)
     tokens = distinct(f"{s.train.steps * s.dims.dp_world * s.train.batch_per_rank * s.train.seq_len / 1e6:.4g} M"

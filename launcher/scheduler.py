@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import shutil
 import signal
@@ -321,8 +322,6 @@ class Slurm(Scheduler):
         return scontrol.lost_nodes(nodes)
 
     def quiet(self) -> None:
-        import logging
-
         logging.getLogger("submitit").setLevel(logging.ERROR)  # it warns whenever sacct has no data
 
 

@@ -299,7 +299,6 @@ def compose(overrides: list[str]) -> Settings:
                       or o.startswith("hydra.searchpath=")]  # sweep=..., cluster=..., --config-dir
             msg += _closest(unknown.group(1), lambda: composed(groups))
         raise ConfigError(msg) from None
-    raw.pop("hydra", None)
     reject_unknown("top-level", raw, (f.name for f in fields(Settings)), ConfigError)
     if raw["action"] not in ACTIONS:
         raise ConfigError(f"action must be one of {', '.join(ACTIONS)}, got {raw['action']!r}")

@@ -6,23 +6,23 @@ import time
 from train import watchdog
 
 
-def _rank(monkeypatch, tmp_path, rank: int, node: str, shared: str) -> watchdog.Watchdog:
+def _rank(monkeypatch, tmp_path, rank: int, node: str, beat_dir: str) -> watchdog.Watchdog:
     monkeypatch.setattr(watchdog, "node_local_root", lambda: tmp_path / f"shm-{node}")
     monkeypatch.setattr(watchdog.socket, "gethostname", lambda: node)
-    w = watchdog.Watchdog(rank, 3, tmp_path / "run", "job1", limit_s=3600, shared_dir=shared)
+    w = watchdog.Watchdog(rank, 3, tmp_path / "run", "job1", limit_s=3600, shared_dir=beat_dir)
     w._stop.set()  # the test beats for it: no thread rewrites a heartbeat it made stale
     w._thread.join()
     return w
 
 
 def test_a_shared_directory_gets_one_file_per_node_and_shows_other_nodes(monkeypatch, tmp_path):
-    shared = tmp_path / "shared"
-    ranks = [_rank(monkeypatch, tmp_path, r, node, str(shared)) for r, node in ((0, "a"), (1, "a"), (2, "b"))]
+    beat_dir = tmp_path / "heartbeat-dir"  # the nodes' common train.heartbeat_dir, made here
+    ranks = [_rank(monkeypatch, tmp_path, r, node, str(beat_dir)) for r, node in ((0, "a"), (1, "a"), (2, "b"))]
     try:
         for w in ranks:
             w._node_beat_at = 0.0  # due now
             w._beat()
-        (beats,) = shared.glob("heartbeat-*")
+        (beats,) = beat_dir.glob("heartbeat-*")
         assert sorted(f.name for f in beats.iterdir()) == ["node-a", "node-b"]
         assert [line.split()[0] for line in (beats / "node-a").read_text().splitlines()] == ["0", "1"]
         assert not list((tmp_path / "run").glob("*heartbeat*"))  # nothing per rank in the run directory
@@ -38,7 +38,7 @@ def test_a_shared_directory_gets_one_file_per_node_and_shows_other_nodes(monkeyp
     finally:
         for w in ranks:
             w.close()
-    assert not list(shared.iterdir()) and not list((tmp_path / "shm-a").iterdir())
+    assert not list(beat_dir.iterdir()) and not list((tmp_path / "shm-a").iterdir())
 
 
 def test_without_a_shared_directory_a_watchdog_says_it_sees_only_its_node(monkeypatch, tmp_path):

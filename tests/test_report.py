@@ -134,7 +134,7 @@ def test_table4_mean_std_cells_and_split_csv(tmp_path):
     assert float(rows[2]["Forward (s) mean"]) == 2.0 and float(rows[2]["Forward (s) std"]) == pytest.approx(1.0)
     # FSDP does not average: no aggregation time at all, rather than the instants between two steps
     assert rows[0]["Aggregation per step (s) mean"] == "" and rows[0]["FedAvg events"] == "0"
-    assert any("FSDP and HSDP do not average" in n for n in t.notes)
+    assert any("FSDP and HSDP never average" in n for n in t.notes)
     assert rows[0]["Aggregation per FedAvg (s) mean"] == "" and rows[0]["Aggregation per FedAvg (s) std"] == ""
     assert float(rows[-1]["Aggregation per step (s) mean"]) == 0.3 / 8
     assert not any(c.startswith("Paper") for c in t.columns)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from train.errors import SpecError  # torch is imported where a profile starts: the launcher reads window() without it
+from train.files import atomic
 
 TRACE_DIR = "profile"
 
@@ -62,9 +63,6 @@ class StepProfiler:
         if not self.stopped:  # the run ended inside the window (a stop signal)
             self.prof.stop()
             self.stopped = True
-        path = run_dir / trace_name(rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        self.prof.export_chrome_trace(str(tmp))
-        tmp.replace(path)  # whole or absent
+        with atomic(run_dir / trace_name(rank)) as tmp:  # whole or absent
+            self.prof.export_chrome_trace(str(tmp))
         return True

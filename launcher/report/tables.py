@@ -353,7 +353,7 @@ def table4(results: list[RunResult]) -> Table:
     table = _build("Table 4: phase times (s, mean ± std over steps; aggregation also per FedAvg event)",
                    columns, rows)
     if any(not r["A"] for r in rows):
-        table.notes.append("FSDP and HSDP do not average (no A): their aggregation is \"–\", not the few "
-                           "milliseconds between the optimizer's end and the next step.")
+        table.notes.append("FSDP and HSDP never average (no A): their aggregation is \"–\", not the phase clock's "
+                           "reading of an interval in which nothing crosses groups.")
     table.notes += shrink_notes(rows)
     return table

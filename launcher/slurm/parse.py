@@ -111,6 +111,12 @@ class Node:
             self.flags <= _HARMLESS_FLAGS | {"COMPLETING"}
 
 
+def parse_partitions(text: str) -> dict[str, dict]:
+    """PartitionName -> its fields, from `scontrol [-o] show partition` (one-line or multi-line records)."""
+    records = [" ".join(r.split()) for r in re.split(r"(?m)^\s*(?=PartitionName=)", text) if r.strip()]
+    return {fields["PartitionName"]: fields for fields in map(parse_key_values, records)}
+
+
 def parse_key_values(text: str) -> dict:
     """`Key=Value ...` fields of one SLURM record; values may hold spaces (OS=, Reason=) or be empty.
 

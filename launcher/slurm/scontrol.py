@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError, SlurmError
 from launcher.slurm.hostlist import compress, expand
-from launcher.slurm.parse import parse_key_values, parse_nodes
+from launcher.slurm.parse import parse_key_values, parse_nodes, parse_partitions
 
 
 def run_scontrol(args: list[str], timeout_s: float = 30) -> str:
@@ -170,14 +170,7 @@ def _partition_topology(partition, snapshot: str | None) -> str | None:
     """Topology= of the partition (SLURM >= 25.05), from `scontrol -o show partition` or partitions.txt."""
     if not partition:
         return None
-    text = partitions_text(snapshot)
-    if text is None:
-        return None
-    for record in re.split(r"(?=\bPartitionName=)", text):  # one-line (-o) or multi-line records
-        if re.match(rf"PartitionName={re.escape(str(partition))}\s", record + " "):
-            found = re.search(r"\bTopology=(\S+)", record)
-            return found.group(1) if found else None
-    return None
+    return parse_partitions(partitions_text(snapshot) or "").get(str(partition), {}).get("Topology")
 
 
 def nodes_text(snapshot: str | None) -> str:
