@@ -168,9 +168,11 @@ class ProbeWork:
 
 
 class ProbeJob:
-    """The probe as a picklable job (submitit runs one task per rank, like a training run). The levels are
-    computed where the ranks really are: under SLURM from every rank's SLURMD_NODENAME, else from the
-    planned hosts."""
+    """The probe as a picklable job, on every rank like a training run (a task per rank under SLURM, ranks forked by
+    one task locally). The levels are computed where the ranks really are: under SLURM from every rank's
+    SLURMD_NODENAME, else from the planned hosts."""
+
+    PRELOAD = ("train.calibrate", "train.calibrate_layout", "train.probe")  # see train.job.TrainJob.PRELOAD
 
     def __init__(self, ranks: ProbeRanks, work: ProbeWork, out_path: str):
         self.ranks, self.work, self.out_path = ranks, work, out_path

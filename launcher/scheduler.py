@@ -1,6 +1,7 @@
-"""Where jobs run, decided once from the cluster: `Local` (submitit's LocalExecutor, every rank on this machine) or
-`Slurm` (sbatch through submitit). Both answer the same few questions (submit, poll, done, cancel, nodes, lost
-nodes, and what the plan shows), so the rest of the launcher never asks which one it has: `of(cluster)`.
+"""Where jobs run, decided once from the cluster: `Local` (submitit's LocalExecutor, every rank on this machine,
+forked by the job's one task) or `Slurm` (sbatch through submitit). Both answer the same few questions (submit,
+poll, done, cancel, nodes, lost nodes, and what the plan shows), so the rest of the launcher never asks which one
+it has: `of(cluster)`.
 
 submitit learns a SLURM job's state only from sacct; where accounting is absent it would wait forever for a job
 killed outside Python, so `Slurm` falls back to squeue / scontrol (with a timeout)."""
@@ -30,6 +31,7 @@ from launcher.slurm.submit import hostfile_path, require_netns, sbatch_text, slu
 from launcher.sweep import PlannedRun, Run
 from train import submitit_compat
 from train.files import write_atomic
+from train.forked_ranks import ForkedRanks
 from train.job import TrainJob
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
@@ -155,8 +157,20 @@ class ReattachedLocalJob(submitit.LocalJob):
             os.kill(int(self.job_id), signal.SIGINT)  # the controller stops its tasks
 
 
+class RanksExecutor(submitit.LocalExecutor):
+    """A LocalExecutor whose job runs on `ranks` ranks forked by its one task."""
+
+    def __init__(self, folder: Path, ranks: int):
+        super().__init__(folder=folder)
+        self.ranks = ranks
+
+    def submit(self, job):
+        return super().submit(ForkedRanks(job, self.ranks, job.PRELOAD))
+
+
 class Local(Scheduler):
-    """One submitit LocalExecutor job per run, whose tasks are the ranks, on this machine."""
+    """One submitit LocalExecutor job per run, on this machine: its one task imports the trainer and forks the
+    run's ranks (train.forked_ranks)."""
 
     runs_here = True
 
@@ -167,9 +181,8 @@ class Local(Scheduler):
         return {"executor": "local", "tasks": planned.run.spec.world_size, "timeout_min": self.cluster.time_min}
 
     def executor(self, planned: PlannedRun, folder: Path):
-        executor = submitit.LocalExecutor(folder=folder)
-        executor.update_parameters(tasks_per_node=planned.run.spec.world_size, nodes=1,
-                                   timeout_min=self.cluster.time_min)
+        executor = RanksExecutor(folder=folder, ranks=planned.run.spec.world_size)
+        executor.update_parameters(tasks_per_node=1, nodes=1, timeout_min=self.cluster.time_min)
         return executor
 
     def cpu_executor(self, folder: Path, name: str, cpus: int, time_min: int, partition: str | None):

@@ -175,7 +175,7 @@ def test_a_deterministic_failure_is_reported_and_not_retried(tmp_path, tiny_toke
 
 @pytest.mark.slow
 def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
-    """A task killed by SIGKILL (as a failing node would) can pass on a second try: it is retried."""
+    """A rank killed by SIGKILL (as a failing node would) can pass on a second try: it is retried."""
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, "sweep.strategies=[fsdp]", "retries=1",
                                  "sweep.train.steps=150", f"results_dir={tmp_path}"], env=_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -183,7 +183,8 @@ def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
     wait_for(lambda: steps_logged(run_dir) >= 1 and manifest.exists(), "the first logged step",
              alive=lambda: launcher.poll() is None)
     job_pid = int(json.loads(manifest.read_text())["job_id"])  # the local executor's job id is its pid
-    os.kill(children(job_pid)[-1], signal.SIGKILL)
+    (task,) = children(job_pid)  # the one task, which forked the ranks
+    os.kill(children(task)[-1], signal.SIGKILL)
     out, err = launcher.communicate(timeout=900)
     assert launcher.returncode == 0, err[-3000:]
     assert "retrying 1 failed run(s)" in out and "not retrying" not in out

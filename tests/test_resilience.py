@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import submitit
 
+from launcher.scheduler import RanksExecutor
 from tests.support import children, clean_env, losses, steps_logged, uninterrupted_like, wait_for
 from train.job import TrainJob
 from train.result import RunResult
@@ -21,25 +21,27 @@ STEPS = 80
 
 
 def _submit_local(tmp_path: Path, name: str):
-    """The run as a submitit local job of 4 tasks; its reference is the same spec on forked ranks (uninterrupted)."""
+    """The run as the Local scheduler submits it (one task forking 4 ranks); its reference is the same spec on forked
+    ranks (uninterrupted)."""
     spec = {"strategy": "fl_hsdp", "F": 2, "R": 2, "S": 1, "A": 3, "out_dir": str(tmp_path / name),
             "train": {"steps": STEPS, "seq_len": 16, "log_every": 5, "stop_check_every": 1}}
     (tmp_path / f"{name}.json").write_text(json.dumps(spec))
-    executor = submitit.LocalExecutor(folder=tmp_path / name / "submitit")
-    executor.update_parameters(tasks_per_node=4, nodes=1, timeout_min=10)
+    executor = RanksExecutor(folder=tmp_path / name / "submitit", ranks=4)
+    executor.update_parameters(tasks_per_node=1, nodes=1, timeout_min=10)
     return executor.submit(TrainJob(str(tmp_path / f"{name}.json")))
 
 
 @pytest.mark.slow
 def test_stop_signal_checkpoints_requeues_and_resumes_exactly(tmp_path, monkeypatch):
-    """SLURM's pre-emption warning (submitit's USR2), delivered to every task as SLURM does."""
+    """The pre-emption warning (submitit's USR2) as the local controller sends it: to its task, which hands it
+    to every rank."""
     for key, value in clean_env().items():
         monkeypatch.setenv(key, value)
     job = _submit_local(tmp_path, "preempted")
     run_dir = tmp_path / "preempted"
     wait_for(lambda: steps_logged(run_dir) >= 20, "step 20", alive=lambda: not job.done())
-    for task in children(int(job.job_id)):
-        os.kill(task, signal.SIGUSR2)
+    (task,) = children(int(job.job_id))
+    os.kill(task, signal.SIGUSR2)
     result = job.results()[0]
     # No periodic checkpoints were asked for: the one resumed from was written on the signal.
     assert 20 <= result.resumed_from_step < STEPS

@@ -40,6 +40,12 @@ def test_the_modules_submitit_runs_exist():
         assert importlib.util.find_spec(name) is not None, name
 
 
+def test_the_local_requeue_status_is_submitits():
+    from submitit.local import local
+
+    assert submitit_compat.LOCAL_REQUEUE_STATUS == local.LOCAL_REQUEUE_RETURN_CODE
+
+
 def test_task_paths_name_stderr_and_result_pickle(tmp_path):
     paths = submitit_compat.task_paths(tmp_path / "%j", "42", 3)
     assert paths.stderr.name.startswith("42_3") and paths.stderr.parent == tmp_path / "42"

@@ -38,6 +38,8 @@ def leave_when_the_task_ends() -> None:
 class TrainJob:
     """Picklable for submitit: each task of the job runs one rank."""
 
+    PRELOAD = ("train.loop",)  # what its ranks import (train.forked_ranks imports it once, before forking them)
+
     def __init__(self, spec_path: str):
         self.spec_path = str(spec_path)
 

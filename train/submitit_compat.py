@@ -17,6 +17,7 @@ from pathlib import Path
 SUBMIT_MODULE = "submitit.core._submit"          # what a submitit sbatch script runs on the nodes
 JOB_FOLDER_ENV = "SUBMITIT_FOLDER"  # set by submitit's process_job in the process that runs a job's callable
 LOCAL_CONTROLLER_MODULE = "submitit.local._local"  # the process that runs a LocalExecutor job's tasks
+LOCAL_REQUEUE_STATUS = 144  # a local task's exit status asking its controller to start it again (pre-emption)
 
 
 def preemption_signal() -> int:
