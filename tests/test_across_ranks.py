@@ -1,5 +1,6 @@
 """result.json's rank-reduced measures are reduced by name (train.metrics.across_ranks), on real gloo ranks: each
 by its own reduction, ints staying ints, one collective per kind of reduction."""
+import pytest
 import torch.distributed as dist
 
 from tests.support import run_ranks
@@ -17,6 +18,7 @@ def _reduce(rank: int, world: int):
     return out, len(calls)
 
 
+@pytest.mark.slow
 def test_named_measures_are_reduced_by_their_own_reduction():
     for out, collectives in run_ranks(_reduce, 2):
         assert out == {"peak_memory_bytes": 200, "exchange_s": 0.5, "tokens": 15}

@@ -581,6 +581,7 @@ def _environment(ctx: Ctx, subs: dict) -> dict:
 
 
 @pytest.mark.parametrize("case_id,command,message,prepare", CASES, ids=IDS)
+@pytest.mark.slow
 def test_bad_input(tmp_path, tiny_tokenizer, case_id, command, message, prepare):
     ctx = Ctx(tmp=tmp_path, tokenizer=tiny_tokenizer)
     ctx.port = _dead_port(ctx)

@@ -131,6 +131,7 @@ def _run_with_slow_checkpoints(rank: int, world: int, out_dir: str) -> dict:
     return None if result is None else {**result.to_dict(), "step_times": [r["step_time"] for r in trainer.log.rows]}
 
 
+@pytest.mark.slow
 def test_checkpoint_time_is_kept_out_of_training_time(tmp_path):
     """Checkpoints (asked for every step, taken at each FedAvg: steps 2, 4, 6, and after the last step, 8) each
     take >= 2 s longer than usual; training time must not grow by them. The margin (half the injected 6 s of

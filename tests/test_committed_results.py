@@ -50,6 +50,7 @@ def test_every_committed_sweep_is_rebuilt_here():
 
 
 @pytest.mark.parametrize("where", sorted(COMMITTED))
+@pytest.mark.slow
 def test_report_rebuilds_the_committed_tables(where, tmp_path):
     committed = RESULTS / where
     runs = [p.parent for p in committed.glob("*/spec.json")]

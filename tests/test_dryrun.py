@@ -41,6 +41,7 @@ def _real_rank(rank: int, world: int, raw: dict) -> dict:
 
 
 @pytest.mark.parametrize("case", CASES)
+@pytest.mark.slow
 def test_the_dry_run_measures_what_the_real_run_holds_and_issues(case, tmp_path):
     raw, rank = CASES[case]
     raw = _spec(raw, tmp_path)
@@ -100,6 +101,7 @@ def _launch(tmp_path, repeats: int, *extra) -> int:
     return main(["sweep=smoke", "action=dryrun", f"results_dir={tmp_path}", f"sweep.repeats={repeats}", *extra])
 
 
+@pytest.mark.slow
 def test_action_dryrun_writes_measured_memory_and_collectives_sharing_runs_of_the_same_work(tmp_path, capsys):
     assert _launch(tmp_path, 2) == 0
     out = capsys.readouterr().out

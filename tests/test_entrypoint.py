@@ -43,6 +43,7 @@ def _check_result(run_dir: Path, world: int, steps: int, aggregations: int):
     return result
 
 
+@pytest.mark.slow
 def test_torchrun_four_ranks_fl_hsdp(tmp_path):
     spec = _spec(tmp_path, strategy="fl_hsdp", F=2, R=2, S=1)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4",
@@ -67,6 +68,7 @@ def test_slurm_env_rendezvous_on_rank0_host_without_master_addr(tmp_path):
     assert not list((tmp_path / "run").glob(".rendezvous-*")), "rendezvous file left behind"
 
 
+@pytest.mark.slow
 def test_submitit_local_executor_runs_the_picklable_job(tmp_path):
     spec = _spec(tmp_path)
     job_fn = pickle.loads(pickle.dumps(TrainJob(spec)))

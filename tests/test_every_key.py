@@ -29,6 +29,7 @@ def _keys(*groups: str) -> list[tuple[str, object]]:
 
 
 @pytest.mark.parametrize("groups", [("sweep=smoke",), ("sweep=paper_table3", "cluster=testbed", "train=paper")])
+@pytest.mark.slow
 def test_a_wrongly_typed_value_of_any_key_is_one_line_and_exit_2(groups, tmp_path):
     keys = _keys(*groups)
     assert len(keys) > 60  # train, model, data, cluster, sweep, wandb, probe and the top level

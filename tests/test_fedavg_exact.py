@@ -91,6 +91,7 @@ def _tp_worker(rank, world, F):
 
 @pytest.mark.parametrize("F,world,worker", [(3, 12, _worker), (8, 16, _worker), (2, 8, _tp_worker)],
                          ids=["F3", "F8", "F2-tp2"])
+@pytest.mark.slow
 def test_averaging_is_exact(F, world, worker):
     """bf16: identical models stay bit-identical (the fp32 sum of F copies is exact); fp32: within F/2 ulp.
     Different models get the exact mean up to one rounding and fp32 summation error; every group the same."""

@@ -39,6 +39,7 @@ def test_an_unknown_strategy_is_one_line(capsys):
     assert "--strategies: unknown fl_avg; expected some of fsdp, hsdp, fl_fsdp, fl_hsdp" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_gpu_check_on_cpu_ranks_runs_every_check(monkeypatch, capsys):
     """Two strategies (the loop is the same for all four, whose layouts test_layouts checks), to keep the suite
     short: every check still runs. Its six torchruns of `-m train` go to ranks forked from a preloaded interpreter

@@ -4,6 +4,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from launcher import scheduler as schedulers
 from launcher.placement import topology
 from launcher.plan import place_runs
@@ -19,6 +21,7 @@ from train.job import TrainJob
 from train.result import RunResult
 
 
+@pytest.mark.slow
 def test_ranks_follow_the_topology_not_srun_order(tmp_path):
     # Tree order puts n2 (leaf a) before n1 (leaf b); srun's order is the nodelist's: n1, n2.
     topo = topology.from_switches([Switch("a", 0, 1, ["n2"], [], {}), Switch("b", 0, 1, ["n1"], [], {}),

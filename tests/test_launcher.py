@@ -98,6 +98,7 @@ def test_exclusions_repeats_and_axes():
 SMOKE = ["sweep=smoke", "model=tiny"]
 
 
+@pytest.mark.slow
 def test_smoke_sweep_end_to_end_then_every_run_skipped(tmp_path):
     proc = _launcher(*SMOKE, f"results_dir={tmp_path}", "wandb.enabled=true", "progress_s=0.5",
                      env=_env(WANDB_API_KEY=""))
@@ -159,6 +160,7 @@ def test_ctrl_c_leaves_manifest_consistent_and_rerun_resumes(tmp_path):
     assert "submitted fsdp-F1-R1-S4 as job" in again.stdout and "(attempt 2)" in again.stdout
 
 
+@pytest.mark.slow
 def test_a_deterministic_failure_is_reported_and_not_retried(tmp_path, tiny_tokenizer):
     """The data exists (the launcher checks paths before submitting) but holds no text: the job fails with a
     DataError, which would fail again, so it is not retried."""

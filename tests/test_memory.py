@@ -76,6 +76,7 @@ def _measured_and_predicted(name: str) -> tuple[int, float]:
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.slow
 def test_memory_model_predicts_measured_peak(name):
     measured, predicted = _measured_and_predicted(name)
     print(f"{name}: measured {measured / 1e6:.2f} MB, predicted {predicted / 1e6:.2f} MB "

@@ -95,6 +95,7 @@ def _outcomes(world: int) -> dict:
 
 
 @pytest.mark.parametrize("layout,axes", CASES)
+@pytest.mark.slow
 def test_model_parallel_matches_reference(layout, axes):
     spec, tol = _case_spec(layout, axes), EXTRA.get((layout, axes), ({}, TOL))[1]
     outs = _outcomes(RunSpec.from_dict(spec).world_size)[(layout, axes)]

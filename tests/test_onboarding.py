@@ -35,6 +35,7 @@ def snapshot(release: str, where: Path) -> Path:
 
 
 @pytest.mark.parametrize("release, up, nodes", [("22.05", 14, 8), ("25.11", 7, 4)])
+@pytest.mark.slow
 def test_init_cluster_from_captures_then_plan_paper_table3_from_outside_the_checkout(tmp_path, release, up, nodes):
     snap, conf, work = snapshot(release, tmp_path / "snap"), tmp_path / "my-conf", tmp_path / "work"
     work.mkdir()
@@ -121,6 +122,7 @@ def test_config_dir_flags_and_a_copied_name(tmp_path):
     assert version.returncode == 0 and version.stdout.startswith("fedshard ") and "Hydra 1.3" in version.stdout
 
 
+@pytest.mark.slow
 def test_local_refuses_ranks_that_exceed_this_machines_memory(tmp_path):
     proc = launcher("sweep=paper_table3", "model=llama3_8b", "action=plan", f"results_dir={tmp_path}", cwd=tmp_path)
     assert proc.returncode == 2 and "per rank x 8 ranks = " in proc.stderr and "available (MemAvailable)" in proc.stderr

@@ -91,6 +91,7 @@ CHUNK_BYTES = {"fl_fsdp_optstate_chunked": 4096}
 TOLS = {"fl_fsdp_bf16_wire": 1e-4, "fl_fsdp_diloco_int8": 5e-3}
 
 
+@pytest.mark.slow
 def test_diloco_with_outer_lr_1_and_no_momentum_is_fedavg_bitwise():
     fedavg = _spec("fl_hsdp", 2, 2, 1, A=3)
     diloco = _spec("fl_hsdp", 2, 2, 1, A=3, train={"outer": "diloco", "outer_lr": 1.0, "outer_momentum": 0.0})
@@ -99,6 +100,7 @@ def test_diloco_with_outer_lr_1_and_no_momentum_is_fedavg_bitwise():
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_matches_single_process_reference(name):
     spec = CASES[name]
     world = spec["F"] * spec["R"] * spec["S"]

@@ -83,6 +83,7 @@ def test_a_killed_preparation_resumes_without_redoing_finished_shards(corpus, ti
     assert not list(out.glob(".shard-*"))
 
 
+@pytest.mark.slow
 def test_a_preparation_killed_by_sigkill_resumes_and_ends_as_one_never_killed(tiny_tokenizer, tmp_path):
     """A real kill (SIGKILL, once a few shards are recorded): the rerun keeps those shards untouched, tokenizes
     the rest, and its index and shards are those of a preparation that was never killed."""
@@ -117,6 +118,7 @@ def test_a_preparation_killed_by_sigkill_resumes_and_ends_as_one_never_killed(ti
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in (tmp_path / "clean").iterdir())
 
 
+@pytest.mark.slow
 def test_the_launcher_prepares_as_one_job_and_a_rerun_does_nothing(corpus, tiny_tokenizer, tmp_path):
     """action=prepare on cluster=local: a submitit job runs train.prepare; the same command again is a no-op, and
     an error inside the job comes back as one line."""

@@ -111,6 +111,7 @@ def test_launcher_killed_rerun_reattaches_or_resumes_with_the_samelosses(tmp_pat
     assert losses(run_dir) == losses(reference)
 
 
+@pytest.mark.slow
 def test_stop_signal_outside_submitit_saves_and_says_how_to_resume(tmp_path):
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"strategy": "fsdp", "F": 1, "R": 1, "S": 1, "out_dir": str(tmp_path / "run"),

@@ -64,6 +64,7 @@ def test_setup_entries_are_single_commands_with_literal_words(tmp_path):
 
 @pytest.mark.parametrize("override", ["cluster.partition", "cluster.account", "cluster.qos",
                                       "+cluster.sbatch_extra.comment", "+cluster.sbatch_extra.job_name"])
+@pytest.mark.slow
 def test_cluster_values_and_job_names_stay_one_quoted_sbatch_argument(tmp_path, override):
     _, plan = _plan(tmp_path, "cluster=leonardo", f"{override}=\"{HOSTILE}\"")
     option = override.rsplit(".", 1)[1].replace("_", "-")
@@ -106,6 +107,7 @@ def _written(root: Path) -> dict:  # every file, binary ones (W&B's .wandb log, 
     return {str(p): p.read_bytes().decode(errors="replace") for p in root.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 def test_no_secret_reaches_outputs_logs_or_plans(tmp_path):
     env = _env(**SENTINELS)
     # The launcher: a local plan, and a SLURM plan whose setup exports a token (shown as ***, kept for the job).

@@ -35,6 +35,7 @@ def _launch(tmp_path, sbatch_stderr: str):
     ("sbatch: error: Batch job submission failed: Socket timed out on send/recv operation\\n",
      "sbatch refused fsdp-F1-R1-S8: sbatch: error: Batch job submission failed: Socket timed out", 3),
 ])
+@pytest.mark.slow
 def test_sbatch_refusal_is_one_line_with_slurms_message(tmp_path, stderr, message, tries):
     proc, calls = _launch(tmp_path, stderr)
     lines = proc.stderr.strip().splitlines()

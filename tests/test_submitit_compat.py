@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import submitit
 
 from tests.support import wait_for
@@ -52,6 +53,7 @@ def test_task_paths_name_stderr_and_result_pickle(tmp_path):
     assert paths.result_pickle.name.startswith("42_3") and paths.result_pickle.suffix == ".pkl"
 
 
+@pytest.mark.slow
 def test_a_local_job_is_recognised_by_its_controllers_command_line(tmp_path):
     """The command line submitit's LocalExecutor gives a job's controller (checked on a real job)."""
     executor = submitit.LocalExecutor(folder=tmp_path)

@@ -74,6 +74,7 @@ def test_clients_outside_the_testbed_refuse(testbed, tmp_path):
     assert not (tmp_path / "testbed" / "smoke").exists()
 
 
+@pytest.mark.slow
 def test_launcher_end_to_end_with_ranks_reordered_by_topology(testbed, tmp_path):
     proc = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=1",
                "sweep.strategies=[fsdp,fl_hsdp]", "sweep.nodes=[4]", "sweep.F=[2]", f"results_dir={tmp_path}",

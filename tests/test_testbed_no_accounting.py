@@ -18,6 +18,7 @@ def testbed_without_accounting():
     yield from _running_testbed("--no-accounting")
 
 
+@pytest.mark.slow
 def test_job_killed_outside_python_without_accounting_does_not_hang(testbed_without_accounting, tmp_path):
     assert "accounting storage is disabled" in lab("sacct", "-j", "1").stderr.lower()
     launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny",

@@ -22,6 +22,7 @@ def _train(tmp_path, name, **train):
     return RunResult.load(tmp_path / name / "result.json"), tmp_path / name
 
 
+@pytest.mark.slow
 def test_target_reached_and_not_reached(tmp_path):
     reached, run_dir = _train(tmp_path, "reached", target_ppl=1e9)  # any model beats it at the first evaluation
     assert [step for step, _, _ in reached.eval_history] == [2, 4, 6]  # every 2 steps, the final one included

@@ -82,6 +82,7 @@ def _train_with_a_resume(rank, world, spec_dict, stop_at):
 
 @pytest.mark.parametrize("strategy,F,R,S,A", [("fsdp", 1, 1, 4, None), ("hsdp", 1, 2, 2, None),
                                               ("fl_fsdp", 2, 1, 2, 2), ("fl_hsdp", 2, 2, 1, 2)])
+@pytest.mark.slow
 def test_one_epoch_under_each_strategy_trains_every_block_exactly_once_across_a_resume(prepared, tmp_path, strategy,
                                                                                          F, R, S, A):
     steps = _source(prepared).n_train // (RANKS * BATCH)

@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support import children, clean_env, steps_logged, wait_for
 
 
@@ -19,6 +21,7 @@ def _local_rank(pid: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_long_before_the_time_limit(tmp_path):
     spec = tmp_path / "spec.json"
     run_dir = tmp_path / "run"
