@@ -1,6 +1,6 @@
 """Preparation throughput and batch read latency of prepared token data (issue 5/6's targets).
 
-1. `train.prepare` with --workers 2 against the same tokenizer's batch encode of the same documents in one
+1. `train.data.prepare` with --workers 2 against the same tokenizer's batch encode of the same documents in one
    process with TOKENIZERS_PARALLELISM=false (target: >= 1.6x), alternating which goes first, median of the
    repeats; both read the files, prepare also hashes them and writes the shards and index.
 2. One batch of 8 x 2,048 tokens drawn from the memory-mapped shards (`TokensSource.train_batch`), median over
@@ -54,7 +54,7 @@ def one_process(files: list[Path], tok_dir: Path) -> float:
     """Seconds to read every document and batch-encode them with the fast tokenizer, one thread."""
     from tokenizers import Tokenizer
 
-    from train.documents import documents
+    from train.data.documents import documents
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     fast = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
@@ -67,7 +67,7 @@ def one_process(files: list[Path], tok_dir: Path) -> float:
 
 
 def prepared(files: list[Path], tok_dir: Path, out: Path, workers: int) -> float:
-    from train.prepare import prepare
+    from train.data.prepare import prepare
 
     start = time.perf_counter()
     prepare([str(f) for f in files], str(tok_dir), out, workers=workers, stream=open(os.devnull, "w"))
@@ -100,15 +100,15 @@ def main(argv=None) -> None:
         print(f"corpus: {args.files} files, {index['documents']:,} documents, {index['tokens']:,} tokens "
               f"({sum(f.stat().st_size for f in files) / 1e6:.1f} MB), BPE vocabulary {index['tokenizer']['size']}")
         print(f"one process, batch encode: {one:.2f} s ({index['tokens'] / one:,.0f} tokens/s)")
-        print(f"train.prepare --workers {args.workers}: {many:.2f} s ({index['tokens'] / many:,.0f} tokens/s)")
+        print(f"train.data.prepare --workers {args.workers}: {many:.2f} s ({index['tokens'] / many:,.0f} tokens/s)")
         print(f"speed-up {one / many:.2f}x (target >= {PREPARE_TARGET}x): "
               + ("met" if one / many >= PREPARE_TARGET else f"missed by {PREPARE_TARGET - one / many:.2f}"))
         read_latency(root / "tokens0")
 
 
 def read_latency(directory: Path, steps: int = 500) -> None:
+    from train.data.tokens import TokensSource
     from train.sections import TokensData
-    from train.tokens import TokensSource
 
     seq, batch = 2048, 8
     index = json.loads((directory / "index.json").read_text())

@@ -16,9 +16,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from train.federated import FedAvg
-from train.local_ranks import run_ranks
+from train.federation.federated import FedAvg
 from train.loop import Trainer
+from train.runtime.local_ranks import run_ranks
 from train.spec import RunSpec
 
 

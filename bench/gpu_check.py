@@ -10,8 +10,8 @@ steps of a small Llama through the real entrypoint (`torchrun -m train SPEC.json
    losses averaging after every step (A=1) as never averaging;
 
 and prints per strategy tokens/s per GPU, MFU (peak from --peak-flops, or bench/gpu_job.py's table of GPU models),
-the exposed communication per step (the steps' waits on collectives, train/exposed.py) and tokens per joule (NVML's
-energy counter, read once per node; `pip install nvidia-ml-py`, else the reason it is missing is printed).
+the exposed communication per step (the steps' waits on collectives, train/measure/exposed.py) and tokens per joule
+(NVML's energy counter, read once per node; `pip install nvidia-ml-py`, else the reason it is missing is printed).
 Layouts need 2 ranks (FL+HSDP: 4); those that do not fit the node's GPUs are skipped, saying so.
 With `--model PRESET` (llama3_8b: the paper's) it then measures the job itself (bench/gpu_job.py): FSDP over the
 node's GPUs at 2 x 2,048 tokens per GPU, tokens/s, MFU, peak memory against the memory model and the dry-run,
@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from bench import gpu_job
-from train.errors import FedshardError
+from train.common import FedshardError
+from train.parallel.strategy import STRATEGIES
 from train.result import RunResult
 from train.spec import RunSpec
-from train.strategy import STRATEGIES
 
 
 def layouts(ranks: int) -> dict[str, tuple[int, int, int]]:

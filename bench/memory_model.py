@@ -1,4 +1,5 @@
-"""The memory model (launcher.placement.memory) against the dry-run (train.dryrun) for Llama-3.1-8B, side by side.
+"""The memory model (launcher.placement.memory) against the dry-run (train.measure.dryrun) for Llama-3.1-8B, side by
+side.
 
 Issue 37's target: the model within ±10 % of the dry-run's training peak for every paper layout, precision paper
 (gradients reduced in bf16 as the authors', or in fp32) and bf16, tp and pp in {1, 2, 4}, with and without

@@ -13,9 +13,9 @@ import argparse
 import statistics
 
 from bench.fedavg import timed
-from train.local_ranks import run_ranks
+from train.federation.outer import DiLoCo, OuterStep
 from train.loop import Trainer
-from train.outer import DiLoCo, OuterStep
+from train.runtime.local_ranks import run_ranks
 from train.spec import RunSpec
 
 MODES = ("fedavg", "diloco", "fedavg_int8", "fedavg_bf16")

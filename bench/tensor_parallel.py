@@ -43,7 +43,7 @@ def _median_step(rank: int, world: int, spec_dict: dict) -> float:
 
 
 def main(argv=None) -> None:
-    from train.local_ranks import run_ranks
+    from train.runtime.local_ranks import run_ranks
     from train.spec import RunSpec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

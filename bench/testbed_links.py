@@ -25,7 +25,7 @@ def worker(size_mb: int, repeats: int, run_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from train import launch_env
+    from train.runtime import launch_env
 
     env = launch_env.detect()
     launch_env.init(env, "cpu", "gloo", Path(run_dir), 120)

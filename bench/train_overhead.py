@@ -15,13 +15,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from train import mesh as meshes
 from train import model as models
-from train import optim, parallelize
-from train.data import build_source
-from train.dims import Dims
-from train.local_ranks import run_ranks
+from train import optim
+from train.data.sources import build_source
 from train.loop import Trainer
+from train.parallel import mesh as meshes
+from train.parallel import parallelize
+from train.parallel.dims import Dims
+from train.runtime.local_ranks import run_ranks
 from train.spec import RunSpec
 
 

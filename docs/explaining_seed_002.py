@@ -31,8 +31,8 @@ from launcher.placement.steptime import (  # noqa: E402
     load,
     step_time,
 )
+from train.parallel.strategy import Layout  # noqa: E402
 from train.presets import flops_per_token  # noqa: E402
-from train.strategy import Layout  # noqa: E402
 
 GB = 1e9
 SEQ, G = 4096, 8  # context; GPUs per DGX node

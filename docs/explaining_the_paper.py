@@ -27,8 +27,8 @@ from launcher.placement.steptime import (  # noqa: E402
     step_time,
 )
 from launcher.report.paper import LAYOUTS, NAMES, PAPER_A, TABLES  # noqa: E402
+from train.parallel.strategy import Layout  # noqa: E402
 from train.presets import PRESETS  # noqa: E402
-from train.strategy import Layout  # noqa: E402
 
 GB = 1e9
 BATCH, SEQ, G, NODES = 2, 2048, 4, 128

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("launcher", "launcher/slurm", "launcher/placement", "launcher/report", "train")
+FOLDERS = ("launcher", "launcher/slurm", "launcher/placement", "launcher/report", "train", "train/parallel",
+           "train/federation", "train/data", "train/runtime", "train/measure")
 
 
 def first_sentence(path: Path) -> str:

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from train.errors import FedshardError
+from train.common import FedshardError
 
 HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "-c", "--cfg", "-p", "--package", "--resolve",
                          "-i", "--info", "-sc", "--shell-completion"})

@@ -14,7 +14,7 @@ from launcher.settings import Settings
 from launcher.slurm.submit import attempt_folder
 from launcher.store import FINAL, Store
 from launcher.sweep import Run
-from train import submitit_compat
+from train.runtime import submitit_compat
 
 
 def _log_paths(settings: Settings, run_id: str, entry: dict) -> list[Path]:

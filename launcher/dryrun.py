@@ -1,5 +1,5 @@
 """action=dryrun, and action=plan with plan.dryrun=true: every planned run's own training code played on fake
-tensors at its real world size (train.dryrun), one process per run and pipeline stage, before anything queues.
+tensors at its real world size (train.measure.dryrun), one process per run and pipeline stage, before anything queues.
 
 Runs that differ only in what leaves a device's work alone (run id, output folder, seed, step count, A) share one
 dry-run. Each writes its measured memory beside the model's into plan.json (`memory`), and the collectives it issued
@@ -21,12 +21,12 @@ from launcher.errors import ConfigError
 from launcher.placement.alphabeta import bus_factor
 from launcher.report.tables import human_bytes
 from launcher.sweep import Run
-from train.dims import NAMES
-from train.files import write_atomic
+from train.common import write_atomic
+from train.parallel.dims import NAMES
 from train.spec import RunSpec
 
 GB = 1e9
-TIMEOUT_S = 600  # one rank of one run; an 8B model at 512 ranks takes about a minute (train.dryrun)
+TIMEOUT_S = 600  # one rank of one run; an 8B model at 512 ranks takes about a minute (train.measure.dryrun)
 SHARED = ("run_id", "out_dir", "seed", "steps", "A", "log_every", "eval_every", "checkpoint_every", "target_ppl")
 
 
@@ -46,11 +46,11 @@ def ranks_to_play(spec: RunSpec) -> list[int]:
 
 
 def play(spec: RunSpec, rank: int, folder: Path) -> dict:
-    """train.dryrun for one rank of `spec`, in a process of its own (fake process groups are process-wide)."""
+    """train.measure.dryrun for one rank of `spec`, in a process of its own (fake process groups are process-wide)."""
     spec_path, out = folder / f"spec-{rank}.json", folder / f"dryrun-{rank}.json"
     spec.save(spec_path)
     try:
-        done = subprocess.run([sys.executable, "-m", "train.dryrun", str(spec_path), str(out), str(rank)],
+        done = subprocess.run([sys.executable, "-m", "train.measure.dryrun", str(spec_path), str(out), str(rank)],
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ConfigError(f"the dry-run of rank {rank} took over {TIMEOUT_S} s") from None
@@ -68,7 +68,7 @@ def memory_of(reports: list[dict]) -> tuple[int, int]:
 
 
 def collective_kind(op: str) -> str:
-    """The alpha-beta kind of a c10d op (train.dryrun's names); point-to-point sends count as a broadcast."""
+    """The alpha-beta kind of a c10d op (train.measure.dryrun's names); point-to-point sends count as a broadcast."""
     for part, kind in (("reduce_scatter", "reduce_scatter"), ("allreduce", "all_reduce"), ("all_reduce", "all_reduce"),
                        ("gather", "all_gather"), ("alltoall", "all_to_all"), ("all_to_all", "all_to_all"),
                        ("barrier", "barrier")):

@@ -3,7 +3,7 @@
 Only these (and train's FedshardError family) become `fedshard: error: ...`: any other exception is a bug
 in fedshard and keeps its traceback, so a bug is never mistaken for bad input.
 """
-from train.errors import FedshardError
+from train.common import FedshardError
 
 
 class ConfigError(FedshardError):

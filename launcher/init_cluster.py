@@ -13,7 +13,7 @@ from launcher.errors import ConfigError
 from launcher.settings import CONF_DIR, Settings, check_name
 from launcher.slurm import hardware, scontrol
 from launcher.slurm.parse import Node, Switch, parse_nodes, parse_partitions, parse_topology
-from train.files import write_atomic
+from train.common import write_atomic
 
 NOMINAL_GBPS = [240, 25, 12.5]  # per GPU: inside a node, under a leaf, above it (the template's; action=probe measures)
 

@@ -24,8 +24,8 @@ from launcher.slurm import hardware
 from launcher.slurm.submit import attempt_folder, require_netns
 from launcher.store import Store
 from launcher.sweep import PlannedRun, Run, expand
-from train.files import write_atomic
-from train.strategy import STRATEGIES, Layout
+from train.common import write_atomic
+from train.parallel.strategy import STRATEGIES, Layout
 
 GB = 1e9
 
@@ -50,7 +50,7 @@ class PlanEntry:
     note: str
     nodes: list[str]
     hostfile: list[str]
-    coords: list[list[int]]               # [f, r, s, p, t] of every rank (train.dims)
+    coords: list[list[int]]               # [f, r, s, p, t] of every rank (train.parallel.dims)
     bandwidth: dict
     group_levels: list[int]
     hierarchy_ok: bool

@@ -22,7 +22,7 @@ from launcher.placement.steptime import (
 )
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
-from train.strategy import Layout
+from train.parallel.strategy import Layout
 
 TOLERANCE = 0.20  # the step-time model's target: every validated prediction within ±20 % of the measured step
 
@@ -59,7 +59,7 @@ def stage_layers(measured: dict, layers: int) -> int:
 
 def stage_seconds(measured: dict, layers: int) -> dict:
     """Phase seconds of a stage of stage_layers layers from a probe's in-place layout measurement
-    (train.calibrate_layout): the 1-layer stage step plus each further layer."""
+    (train.measure.calibrate_layout): the 1-layer stage step plus each further layer."""
     n = stage_layers(measured, layers)
     return {k: measured["one"][k] + (n - 1) * measured["layer"][k] for k in measured["one"]}
 

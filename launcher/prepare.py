@@ -1,4 +1,4 @@
-"""action=prepare: tokenize a corpus once (train.prepare) as one CPU job on the cluster, where the shared
+"""action=prepare: tokenize a corpus once (train.data.prepare) as one CPU job on the cluster, where the shared
 filesystem and the CPUs are, rather than on a login node:
 
     python -m launcher action=prepare cluster=NAME data=tokens data.path=OUT data.tokenizer=DIR 'prepare.sources=[DIR]'
@@ -6,7 +6,7 @@ filesystem and the CPUs are, rather than on a login node:
 Everything the job would refuse (no data=tokens, missing sources or tokenizer, an OUT prepared with another
 tokenizer) is refused here first, in one line. The job is one task with prepare.workers CPUs and no GPU; its
 progress line is relayed every progress_s, and a cancelled or killed preparation resumes by running the same
-command again (train.prepare keeps finished shards). Data runs then take the same data= settings.
+command again (train.data.prepare keeps finished shards). Data runs then take the same data= settings.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from launcher.lock import SweepLock
 from launcher.run import failure_reason
 from launcher.settings import Settings, check_name
 from launcher.slurm.submit import task_lines
-from train import prepare as corpus
-from train import submitit_compat
+from train.data import prepare as corpus
+from train.runtime import submitit_compat
 from train.sections import TextData
 
 
@@ -58,7 +58,7 @@ def executor(settings: Settings, scheduler: schedulers.Scheduler, folder: Path):
 
 
 def last_progress(job) -> str | None:
-    """The job's latest progress line (train.prepare.Progress writes one every few seconds to its stderr)."""
+    """The job's latest progress line (train.data.prepare.Progress writes one every few seconds to its stderr)."""
     return (task_lines(job, "prepare: ", "stderr") or [None])[-1]
 
 

@@ -1,8 +1,8 @@
 """action=probe: time all_gather, reduce_scatter, all_reduce and broadcast across every topology level, on the
 nodes and in the rank layout of the sweep's widest run, with the backend training uses, and fit latency and
 bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table. The same job then
-calibrates compute (train.calibrate) for every (model, batch, precision) the sweep runs, and times the stage step
-of every tensor- or pipeline-parallel layout it runs in place (train.calibrate_layout): the step-time model
+calibrates compute (train.measure.calibrate) for every (model, batch, precision) the sweep runs, and times the stage
+step of every tensor- or pipeline-parallel layout it runs in place (train.measure.calibrate_layout): the step-time model
 (placement.steptime) reads them back, for this sweep or, with cluster.probe=FILE, for another.
 
 The job is submitted like a run (submitit, local or SLURM); its task 0 prints a line per (level, collective)
@@ -26,7 +26,7 @@ from launcher.run import failure_reason
 from launcher.settings import Settings
 from launcher.slurm.submit import task_lines
 from launcher.sweep import expand
-from train.files import write_atomic
+from train.common import write_atomic
 
 GB = 1e9
 
@@ -48,8 +48,8 @@ def workload(run) -> dict:
 
 
 def layout(run) -> dict | None:
-    """What a tensor- or pipeline-parallel run's stage step depends on (train.calibrate_layout), None for others:
-    its workload at the batch of one data-parallel rank, and its degrees, microbatches and schedule."""
+    """What a tensor- or pipeline-parallel run's stage step depends on (train.measure.calibrate_layout), None for
+    others: its workload at the batch of one data-parallel rank, and its degrees, microbatches and schedule."""
     t = run.spec.train
     if t.pp * t.tp == 1:
         return None
@@ -172,7 +172,8 @@ class ProbeJob:
     one task locally). The levels are computed where the ranks really are: under SLURM from every rank's
     SLURMD_NODENAME, else from the planned hosts."""
 
-    PRELOAD = ("train.calibrate", "train.calibrate_layout", "train.probe")  # see train.job.TrainJob.PRELOAD
+    # see train.job.TrainJob.PRELOAD
+    PRELOAD = ("train.measure.calibrate", "train.measure.calibrate_layout", "train.measure.probe")
 
     def __init__(self, ranks: ProbeRanks, work: ProbeWork, out_path: str):
         self.ranks, self.work, self.out_path = ranks, work, out_path
@@ -180,11 +181,11 @@ class ProbeJob:
     def __call__(self) -> None:
         import torch.distributed as dist  # the job's side: torch only where ranks run
 
-        from train import launch_env
-        from train.calibrate import calibrate
-        from train.calibrate_layout import calibrate_layouts
         from train.job import leave_when_the_task_ends
-        from train.probe import barrier_seconds, measure
+        from train.measure.calibrate import calibrate
+        from train.measure.calibrate_layout import calibrate_layouts
+        from train.measure.probe import barrier_seconds, measure
+        from train.runtime import launch_env
 
         env = launch_env.detect()
         device = launch_env.pick_device(self.ranks.device)

@@ -11,7 +11,7 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from train.files import write_atomic
+from train.common import write_atomic
 
 FILE = "prediction.json"
 PREDICTED = ("predicted_step_s", "predicted_step_bounds_s", "predicted_compute_s", "predicted_comm_by_group_s",

@@ -17,9 +17,9 @@ from launcher.slurm.submit import attempt_folder
 from launcher.store import FINAL, Store
 from launcher.sweep import PlannedRun, Run, expand
 from launcher.target import REFERENCE, ReferenceTarget, resolution_note
-from train import submitit_compat
-from train.errors import AlignmentError, DataError, NonFiniteError, SpecError
+from train.common import AlignmentError, DataError, NonFiniteError, SpecError
 from train.result import RunResult
+from train.runtime import submitit_compat
 
 # Failures that fail the same way on a second try: the job's spec, data or layout is wrong, or its values went
 # non-finite (a rerun resumes from the same checkpoint with the same data). Anything else

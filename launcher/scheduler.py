@@ -29,10 +29,10 @@ from launcher.slurm import jobenv, scontrol
 from launcher.slurm.injob import PlacedTrainJob
 from launcher.slurm.submit import hostfile_path, require_netns, sbatch_text, slurm_parameters
 from launcher.sweep import PlannedRun, Run
-from train import submitit_compat
-from train.files import write_atomic
-from train.forked_ranks import ForkedRanks
+from train.common import write_atomic
 from train.job import TrainJob
+from train.runtime import submitit_compat
+from train.runtime.forked_ranks import ForkedRanks
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE")
@@ -170,7 +170,7 @@ class RanksExecutor(submitit.LocalExecutor):
 
 class Local(Scheduler):
     """One submitit LocalExecutor job per run, on this machine: its one task imports the trainer and forks the
-    run's ranks (train.forked_ranks)."""
+    run's ranks (train.runtime.forked_ranks)."""
 
     runs_here = True
 

@@ -149,7 +149,7 @@ class Wandb:
 
 @dataclass
 class Prepare:
-    """action=prepare: the corpus train.prepare tokenizes into data.path, as one CPU job (launcher.prepare)."""
+    """action=prepare: the corpus train.data.prepare tokenizes into data.path, as one CPU job (launcher.prepare)."""
 
     sources: list[str]           # .txt / .jsonl / .parquet files or directories
     workers: int                 # tokenizer processes; on SLURM also the job's --cpus-per-task

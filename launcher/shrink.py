@@ -6,8 +6,8 @@ from __future__ import annotations
 from launcher.errors import ConfigError
 from launcher.placement import allocate
 from launcher.sweep import Run
+from train.parallel.strategy import STRATEGIES
 from train.spec import RunSpec
-from train.strategy import STRATEGIES
 
 
 class ShrinkError(ConfigError):

@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 from launcher.errors import StateError
-from train.errors import FedshardError
-from train.files import write_atomic
+from train.common import FedshardError, write_atomic
 from train.spec import RunSpec, identity_changes
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")

@@ -15,11 +15,11 @@ from typing import NamedTuple
 from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement, check_model_parallel, shards_per_node
 from launcher.settings import Settings
-from train import token_index
-from train.errors import FedshardError
+from train.common import FedshardError
+from train.data import token_index
+from train.parallel.strategy import STRATEGIES
 from train.sections import ModelSection, TextData, TokensData, data_section
 from train.spec import RunSpec
-from train.strategy import STRATEGIES
 
 
 @dataclass

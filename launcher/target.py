@@ -12,7 +12,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError, StateError
 from launcher.sweep import Run
-from train.files import write_atomic
+from train.common import write_atomic
 from train.result import RunResult
 
 REFERENCE = "fsdp"  # the strategy every ratio of Table 3 is taken against

@@ -5,7 +5,7 @@ import os
 import signal
 import sys
 
-import train.checkpoint as checkpoint
+import train.runtime.checkpoint as checkpoint
 from train.__main__ import main
 
 

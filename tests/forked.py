@@ -1,5 +1,5 @@
-"""`python -m MODULE ARGS` in processes forked from the forkserver that train.local_ranks already keeps, which has
-imported torch, transformers' Llama and the launcher once: a fresh interpreter spends 5-7 s importing the trainer
+"""`python -m MODULE ARGS` in processes forked from the forkserver that train.runtime.local_ranks already keeps, which
+has imported torch, transformers' Llama and the launcher once: a fresh interpreter spends 5-7 s importing the trainer
 per rank on this 2-core machine, more than most tests' training, and ~0.5 s per launcher command.
 
 A child is the real entrypoint run as `__main__` (runpy, as `python -m` does) with the given argv, environment
@@ -21,13 +21,14 @@ import time
 import traceback
 from pathlib import Path
 
-import train.local_ranks
-from train.launch_env import free_port
+import train.runtime.local_ranks
+from train.runtime.launch_env import free_port
 
 # The forkserver starts once per pytest process, with the preload of whichever call starts it: every test passes
 # this one (forked children here, tests.support.run_ranks for gloo ranks).
-PRELOAD = (*train.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.plan", "launcher.run",
-           "launcher.report.results", "launcher.report.write", "launcher.validate")  # not __main__: runpy runs it
+# (not launcher.__main__: runpy runs it)
+PRELOAD = (*train.runtime.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.plan",
+           "launcher.run", "launcher.report.results", "launcher.report.write", "launcher.validate")
 
 
 def _child(module: str, argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:

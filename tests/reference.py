@@ -1,7 +1,7 @@
 """Single-process reference: F plain models, each trained on its group's global batch, FedAvg every A steps.
 
 With train.outer=diloco, DiLoCo's Nesterov outer step in its textbook form; with aggregation_dtype=bf16, the
-pseudo-gradients rounded to bf16 before and after their fp32 mean, as train.compress sends them; streamed
+pseudo-gradients rounded to bf16 before and after their fp32 mean, as train.federation.compress sends them; streamed
 (outer_fragments, outer_delay), one fragment launched every A/N steps and merged τ steps later, local
 progress kept."""
 from __future__ import annotations
@@ -10,9 +10,10 @@ import copy
 
 import torch
 
-from train import data, optim
 from train import model as models
-from train.outer import split
+from train import optim
+from train.data import sources as data
+from train.federation.outer import split
 from train.spec import RunSpec
 
 

@@ -6,7 +6,7 @@ import sys
 
 import train.loop as loop
 from train.__main__ import main
-from train.preemption import stop_signal
+from train.runtime.preemption import stop_signal
 
 
 def _signalled_after(step_fn, step: int):

@@ -63,7 +63,7 @@ def make_result(**fields):
 
 
 def uninterrupted(spec: dict):
-    """`spec` trained from start to end on forkserver ranks (train.local_ranks), writing what `python -m train`
+    """`spec` trained from start to end on forkserver ranks (train.runtime.local_ranks), writing what `python -m train`
     writes into its out_dir (metrics.jsonl, evals.jsonl, checkpoints, result.json); returns the result. The
     reference an interrupted run is compared with, without each rank's ~4 s start of a fresh interpreter; the
     interrupted runs themselves go through the real entrypoint."""
@@ -91,9 +91,9 @@ def _uninterrupted_rank(rank: int, world: int, raw: dict):
 
 
 def run_ranks(fn, world: int, *args) -> list:
-    """train.local_ranks.run_ranks with the tests' forkserver preload (tests/forked.py), so whichever test starts the
-    forkserver, every later one finds the launcher imported too."""
+    """train.runtime.local_ranks.run_ranks with the tests' forkserver preload (tests/forked.py), so whichever test
+    starts the forkserver, every later one finds the launcher imported too."""
     from tests import forked
-    from train import local_ranks
+    from train.runtime import local_ranks
 
     return local_ranks.run_ranks(fn, world, *args, preload=forked.PRELOAD)

@@ -1,10 +1,10 @@
-"""result.json's rank-reduced measures are reduced by name (train.metrics.across_ranks), on real gloo ranks: each
-by its own reduction, ints staying ints, one collective per kind of reduction."""
+"""result.json's rank-reduced measures are reduced by name (train.measure.metrics.across_ranks), on real gloo ranks:
+each by its own reduction, ints staying ints, one collective per kind of reduction."""
 import pytest
 import torch.distributed as dist
 
 from tests.support import run_ranks
-from train import metrics
+from train.measure import metrics
 
 
 def _reduce(rank: int, world: int):

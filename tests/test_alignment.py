@@ -5,12 +5,12 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
 from tests.support import run_ranks
-from train import alignment
-from train import mesh as meshes
 from train import model as models
-from train.dims import Dims
-from train.errors import AlignmentError
+from train.common import AlignmentError
+from train.federation import alignment
 from train.loop import Trainer
+from train.parallel import mesh as meshes
+from train.parallel.dims import Dims
 from train.spec import RunSpec
 
 CONFIG = models.llama_config({"preset": "tiny", "vocab_size": 511})

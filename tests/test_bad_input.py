@@ -54,7 +54,7 @@ class Ctx:
 def prepared_tokens(truncate: bool = False):
     """{tmp}/tokens: 80 words of text prepared with the tiny tokenizer; its last shard cut short if asked."""
     def step(ctx: Ctx) -> None:
-        from train.prepare import prepare
+        from train.data.prepare import prepare
 
         (ctx.tmp / "corpus").mkdir()
         (ctx.tmp / "corpus" / "a.txt").write_text(" ".join(f"w{i % 100}" for i in range(80)))
@@ -484,7 +484,7 @@ CASES = [
     ("launcher-tokenizer-missing", launcher("data=text", "data.paths=[{tmp}/data]", "data.tokenizer={tmp}/no_tok"),
      "data.tokenizer directory does not exist: {tmp}/no_tok", text_data("a.txt", "w1 w2")),
     ("tokens-not-prepared", launcher("data=tokens", "data.path={tmp}/none"),
-     "{tmp}/none holds no index.json: prepare it first (python -m train.prepare", None),
+     "{tmp}/none holds no index.json: prepare it first (python -m train.data.prepare", None),
     ("tokens-other-tokenizer", launcher("data=tokens", "data.path={tmp}/tokens", "data.tokenizer={tmp}/tok2"),
      "data.tokenizer {tmp}/tok2 (hash ", both(prepared_tokens(), edited_tokenizer)),
     ("tokens-truncated-shard", launcher("data=tokens", "data.path={tmp}/tokens"), "is truncated (",

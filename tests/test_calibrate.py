@@ -11,7 +11,7 @@ WORKLOAD = {"model": TINY, "batch_per_rank": 2, "seq_len": 16, "precision": "fp3
 
 
 def _calibrate(rank, world):
-    from train.calibrate import calibrate
+    from train.measure.calibrate import calibrate
 
     return calibrate(rank, [WORKLOAD], iters=2, repeats=5)
 
@@ -33,7 +33,7 @@ def test_calibration_is_repeated_and_reports_medians_and_spread():
 def _scripted(rank, world, script):
     """calibrate with _time_pair replaced by scripted (0-layer, 1-layer) timings, one pair per try; the models
     have 50 and 100 parameters (root 50, layer 50)."""
-    from train import calibrate as cal
+    from train.measure import calibrate as cal
 
     timings = iter(script)
     cal._time_pair = lambda model, *a: ((next(timings), 50), (next(timings), 100))
@@ -63,7 +63,7 @@ def _steps_in_turn(rank, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
-    from train import calibrate as cal
+    from train.measure import calibrate as cal
 
     order, sharded = [], []
 
@@ -89,7 +89,7 @@ LAYOUT = {**WORKLOAD, "batch_per_rank": 4, "pp": 2, "tp": 2, "microbatches": 2, 
 
 
 def _layouts(rank, world):
-    from train.calibrate_layout import calibrate_layouts
+    from train.measure.calibrate_layout import calibrate_layouts
 
     return calibrate_layouts(rank, [LAYOUT, {**LAYOUT, "pp": 3, "tp": 1, "microbatches": 3}], iters=2, repeats=3)
 
@@ -114,7 +114,7 @@ def _stage_of(rank, world):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    from train.calibrate_layout import _Stage
+    from train.measure.calibrate_layout import _Stage
 
     mesh = init_device_mesh("cpu", (1, 1, 2, 2), mesh_dim_names=("calibrating", "alone", "pp", "tp"))
     stage = _Stage(LAYOUT, 2, mesh, "cpu")
@@ -131,8 +131,8 @@ def test_the_timed_stage_is_parallelised_as_training_parallelises_it():
 
 def _scripted_layout(rank, world, script):
     """calibrate_layouts with in_turn replaced by scripted (1-layer, 2-layer) stage timings, one pair per try."""
-    from train import calibrate_layout as cal
-    from train.calibrate import CalibrationError
+    from train.measure import calibrate_layout as cal
+    from train.measure.calibrate import CalibrationError
 
     timings = iter(script)
     cal.in_turn = lambda steps, *a: [next(timings), next(timings)]

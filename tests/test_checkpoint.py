@@ -80,7 +80,7 @@ def test_resuming_with_another_layout_or_spec_is_refused(tmp_path):
 
 
 def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[list, list]:
-    import train.federated as federated
+    import train.federation.federated as federated
     from train.loop import Trainer
     from train.spec import RunSpec
 
@@ -118,7 +118,7 @@ SLOW_SAVE_S = 2.0
 def _run_with_slow_checkpoints(rank: int, world: int, out_dir: str) -> dict:
     import time
 
-    import train.checkpoint as checkpoint
+    import train.runtime.checkpoint as checkpoint
     from train.loop import Trainer
     from train.spec import RunSpec
 

@@ -1,10 +1,10 @@
-"""Compressed exchange (train.compress): encodings within their stated error, the mean over real gloo ranks
+"""Compressed exchange (train.federation.compress): encodings within their stated error, the mean over real gloo ranks
 within the bound the module states, and the bytes that travel."""
 import torch
 import torch.distributed as dist
 
 from tests.support import run_ranks
-from train import compress, inflight
+from train.federation import compress, inflight
 
 F, N = 4, 8 * compress.BLOCK * 4
 

@@ -7,7 +7,7 @@ from launcher.errors import ConfigError
 from launcher.placement import topology
 from launcher.placement.costmodel import Model, comm_time, llama_params, model_from_preset, predict
 from launcher.placement.ranking import candidates, rank_layouts
-from train.strategy import Layout
+from train.parallel.strategy import Layout
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False)
@@ -37,7 +37,7 @@ def test_model_from_preset_ignores_other_keys_and_picks_comm_bytes():
     assert (fp32.bytes, fp32.grad_bytes, fp32.fedavg_bytes) == (4 * fp32.params,) * 3
     assert (bf16.grad_bytes, bf16.fedavg_bytes) == (bf16.bytes, bf16.bytes)
     assert model_from_preset(LLAMA3_8B, "paper", average_optimizer_state=True).fedavg_bytes == 3 * bf16.bytes
-    # compressed pseudo-gradients (train.compress): what crosses the federation links, whatever the precision
+    # compressed pseudo-gradients (train.federation.compress): what crosses the federation links, whatever the precision
     int8 = model_from_preset(LLAMA3_8B, "fp32", aggregation_dtype="int8")
     assert int8.fedavg_bytes == pytest.approx(fp32.params * (1 + 4 / 64)) and int8.bytes == fp32.bytes
     assert model_from_preset(LLAMA3_8B, "fp32", aggregation_dtype="bf16").fedavg_bytes == 2 * fp32.params

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import WORDS
-from train.data import build_source
-from train.errors import DataError
+from train.common import DataError
+from train.data.sources import build_source
 
 
 def synthetic(vocab=64, branching=8, seed=0, **extra):

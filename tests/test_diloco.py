@@ -7,9 +7,9 @@ import pytest
 
 from tests.support import losses, uninterrupted
 from tests.test_checkpoint import _spec, _torchrun
-from train.checkpoint import Checkpointer
-from train.outer import split
+from train.federation.outer import split
 from train.result import RunResult
+from train.runtime.checkpoint import Checkpointer
 from train.spec import RunSpec, TrainConfig
 
 # (A, train keys, the step whose checkpoint a rank dies writing). Whole syncs: checkpoints at the FedAvgs (A=3)

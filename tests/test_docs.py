@@ -52,4 +52,4 @@ def test_layout_page_lists_every_module_of_the_tree():
     assert out.strip() in (ROOT / "docs" / "layout.md").read_text(), \
         "docs/layout.md's modules are stale: paste `python docs/modules.py`"
     modules = [line for line in out.splitlines() if line.startswith("| `") and "/` |" not in line]
-    assert len(modules) == len([*(ROOT / "launcher").rglob("*.py"), *(ROOT / "train").glob("*.py")])
+    assert len(modules) == len([*(ROOT / "launcher").rglob("*.py"), *(ROOT / "train").rglob("*.py")])

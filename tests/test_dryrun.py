@@ -1,4 +1,4 @@
-"""The dry-run (train.dryrun, launcher.dryrun): a run's own code on fake tensors at its real world size measures
+"""The dry-run (train.measure.dryrun, launcher.dryrun): a run's own code on fake tensors at its real world size measures
 the memory and issues the collectives that the same code holds and issues on real tensors and gloo ranks."""
 import json
 
@@ -9,7 +9,7 @@ from launcher.dryrun import sent_bytes, traffic
 from launcher.plan import model_sent_bytes
 from launcher.sweep import Run
 from tests.support import run_ranks
-from train.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
+from train.measure.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
 from train.spec import RunSpec
 
 TINY = {"preset": "tiny"}

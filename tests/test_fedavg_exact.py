@@ -9,10 +9,10 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from tests.support import run_ranks
-from train import mesh as meshes
-from train.dims import Dims
-from train.federated import FedAvg
-from train.parallelize import local
+from train.federation.federated import FedAvg
+from train.parallel import mesh as meshes
+from train.parallel.dims import Dims
+from train.parallel.parallelize import local
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -51,7 +51,8 @@ def _ulp(t: torch.Tensor) -> torch.Tensor:
 def _check(rank, strategy, F, R, S, dtype, T=1):
     """(ulps that averaging identical models moved, error after averaging different models as a fraction of
     what fp32 accumulation allows, whether every group holds the same bits). With T > 1 the two layers are
-    split column- then row-wise over the tensor-parallel group before fully_shard, as train.tensor splits them."""
+    split column- then row-wise over the tensor-parallel group before fully_shard, as train.parallel.tensor splits
+    them."""
     mesh = meshes.build("cpu", Dims(F, R, S, 1, T))
     f, _, s, _, _ = Dims(F, R, S, 1, T).coords(rank)
     model = _model(meshes.data_parallel_mesh(mesh, strategy), dtype, mesh["tp"] if T > 1 else None)

@@ -1,6 +1,6 @@
-"""A local run's ranks forked by its job's one task (train.forked_ranks), through the Local scheduler's executor:
-each rank is what a submitit task was (its rank, its logs, its status), a failing rank ends the others, and the
-ranks die with their task."""
+"""A local run's ranks forked by its job's one task (train.runtime.forked_ranks), through the Local scheduler's
+executor: each rank is what a submitit task was (its rank, its logs, its status), a failing rank ends the others, and
+the ranks die with their task."""
 import json
 import os
 import signal
@@ -13,7 +13,7 @@ import submitit
 
 from launcher.scheduler import RanksExecutor
 from tests.support import children, clean_env, wait_for
-from train.errors import DataError
+from train.common import DataError
 
 
 class Report:

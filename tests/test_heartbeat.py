@@ -3,7 +3,7 @@ train.heartbeat_dir does a node write to a shared directory, one file per node f
 does a watchdog see, and name, a rank on another node."""
 import time
 
-from train import watchdog
+from train.runtime import watchdog
 
 
 def _rank(monkeypatch, tmp_path, rank: int, node: str, beat_dir: str) -> watchdog.Watchdog:

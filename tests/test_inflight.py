@@ -1,4 +1,4 @@
-"""Exchanges in flight without threads (train.inflight), on real gloo ranks: launching waits for nothing, the
+"""Exchanges in flight without threads (train.federation.inflight), on real gloo ranks: launching waits for nothing, the
 value is right where it is used, and the clock counts the exchange's own time, not the time it stayed in flight."""
 import threading
 import time
@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from tests.support import run_ranks
-from train import compress, inflight
+from train.federation import compress, inflight
 
 WORLD = 2
 TRAINING_S = 0.5  # what the host does while the exchange is in flight

@@ -4,10 +4,10 @@ import resource
 from torch.distributed.tensor import DTensor
 
 from tests.support import run_ranks
-from train import mesh as meshes
 from train import model as models
-from train import parallelize
-from train.dims import Dims
+from train.parallel import mesh as meshes
+from train.parallel import parallelize
+from train.parallel.dims import Dims
 
 
 def _shard_8b(rank, world):
@@ -36,7 +36,7 @@ def test_llama3_8b_builds_on_meta_and_shards_without_memory():
 def test_presets_and_bad_model_keys():
     import pytest
 
-    from train.errors import SpecError
+    from train.common import SpecError
 
     assert models.count_params(models.build(models.llama_config({"preset": "tiny"}))) == 139_584
     with pytest.raises(SpecError, match="unknown model preset 'huge'"):

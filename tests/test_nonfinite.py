@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from train.errors import NonFiniteError
+from train.common import NonFiniteError
 from train.spec import RunSpec
 
 POISONED_STEP, POISONED_RANK = 2, 1  # 0-based step 2 (the third), in federation group 1

@@ -69,11 +69,12 @@ CASES = {
     "fl_hsdp": _spec("fl_hsdp", 2, 2, 2, A=4),
     # Optimizer state averaged too, through 4 KiB chunks (many chunks, several per parameter group).
     "fl_fsdp_optstate_chunked": _spec("fl_fsdp", 2, 1, 2, A=3, train={"average_optimizer_state": True}),
-    # DiLoCo's outer step on the shards (train.outer), its state in CPU memory in the FL+HSDP case.
+    # DiLoCo's outer step on the shards (train.federation.outer), its state in CPU memory in the FL+HSDP case.
     "fl_fsdp_diloco": _spec("fl_fsdp", 2, 1, 2, A=4, train={"outer": "diloco"}),
     "fl_hsdp_diloco_offload": _spec("fl_hsdp", 2, 2, 2, A=5, train={"outer": "diloco", "outer_offload": True,
                                                                       "outer_lr": 0.5, "outer_momentum": 0.8}),
-    # Compressed exchange (train.compress): FedAvg through bf16 pseudo-gradients, which the reference rounds alike.
+    # Compressed exchange (train.federation.compress): FedAvg through bf16 pseudo-gradients, which the reference rounds
+    # alike.
     "fl_fsdp_bf16_wire": _spec("fl_fsdp", 2, 1, 2, A=4, train={"aggregation_dtype": "bf16"}),
     # int8 pseudo-gradients, against the exact mean (the reference does not quantise).
     "fl_fsdp_diloco_int8": _spec("fl_fsdp", 2, 1, 2, A=4, train={"outer": "diloco", "aggregation_dtype": "int8"}),

@@ -1,4 +1,4 @@
-"""python -m train.prepare: token shards and an index that match the tokenizer, idempotent, resumable, parallel;
+"""python -m train.data.prepare: token shards and an index that match the tokenizer, idempotent, resumable, parallel;
 and the bad inputs a prepared directory can meet, each one line."""
 import json
 import re
@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import WORDS
 from tests.support import ROOT, clean_env, wait_for
-from train import token_index
-from train.errors import DataError
-from train.prepare import INDEX, prepare
+from train.common import DataError
+from train.data import token_index
+from train.data.prepare import INDEX, prepare
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_a_preparation_killed_by_sigkill_resumes_and_ends_as_one_never_killed(ti
     for i in range(40):  # ~25 ms of tokenizing each: the kill lands mid-run
         docs = (" ".join(rng.choice(WORDS, 40)) for _ in range(1500))
         (root / f"f{i:02d}.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
-    run = [sys.executable, "-m", "train.prepare", str(root), "--tokenizer", str(tiny_tokenizer), "--workers", "1",
+    run = [sys.executable, "-m", "train.data.prepare", str(root), "--tokenizer", str(tiny_tokenizer), "--workers", "1",
            "--out"]
     out = tmp_path / "out"
     proc = subprocess.Popen([*run, str(out)], cwd=ROOT, env=clean_env(), stdout=subprocess.DEVNULL,
@@ -120,7 +120,7 @@ def test_a_preparation_killed_by_sigkill_resumes_and_ends_as_one_never_killed(ti
 
 @pytest.mark.slow
 def test_the_launcher_prepares_as_one_job_and_a_rerun_does_nothing(corpus, tiny_tokenizer, tmp_path):
-    """action=prepare on cluster=local: a submitit job runs train.prepare; the same command again is a no-op, and
+    """action=prepare on cluster=local: a submitit job runs train.data.prepare; the same command again is a no-op, and
     an error inside the job comes back as one line."""
     root, _ = corpus
 
@@ -146,7 +146,7 @@ def test_the_launcher_prepares_as_one_job_and_a_rerun_does_nothing(corpus, tiny_
     (blank / "a.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     empty = launch(tmp_path / "none", blank)
     assert empty.returncode == 1 and re.fullmatch(
-        rf"fedshard: error: preparation job \d+ failed: train.errors.DataError: the corpus {blank} holds no text: "
+        rf"fedshard: error: preparation job \d+ failed: train.common.DataError: the corpus {blank} holds no text: "
         r"nothing to train on; logs in \S+\n", empty.stderr), empty.stderr
 
 
@@ -219,7 +219,7 @@ def test_runs_the_directory_cannot_feed_are_refused(corpus, tiny_tokenizer, tmp_
 
 def test_cli_prepares_then_refuses_an_empty_corpus_in_one_line(corpus, tiny_tokenizer, tmp_path):
     root, _ = corpus
-    run = [sys.executable, "-m", "train.prepare", "--tokenizer", str(tiny_tokenizer), "--workers", "1"]
+    run = [sys.executable, "-m", "train.data.prepare", "--tokenizer", str(tiny_tokenizer), "--workers", "1"]
     proc = subprocess.run([*run, str(root), "--out", str(tmp_path / "out")], capture_output=True, text=True,
                           cwd=ROOT, env=clean_env())
     assert proc.returncode == 0 and proc.stdout.startswith("prepared "), proc.stderr
@@ -238,7 +238,7 @@ def test_the_launcher_relays_the_jobs_latest_progress_line(tmp_path):
     from types import SimpleNamespace
 
     from launcher.prepare import last_progress
-    from train import submitit_compat
+    from train.runtime import submitit_compat
 
     job = SimpleNamespace(paths=SimpleNamespace(folder=tmp_path), job_id="7")
     assert last_progress(job) is None  # no log yet

@@ -9,7 +9,7 @@ LEVELS = {"node": [[0, 1], [2, 3]], "leaf": [[0, 2], [1, 3]], "all": [[0, 1, 2, 
 
 
 def _probe(rank, world):
-    from train.probe import measure
+    from train.measure.probe import measure
 
     return measure(rank, LEVELS, SIZES, COLLECTIVES, iters=5)
 

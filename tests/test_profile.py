@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.support import uninterrupted
-from train.errors import SpecError
+from train.common import SpecError
 from train.spec import RunSpec
 
 

@@ -16,9 +16,9 @@ from launcher.placement.steptime import (
     step_time,
     sync_seconds,
 )
+from train.parallel.strategy import Layout
 from train.presets import PRESETS
 from train.spec import FEDAVG_CHUNK_BYTES
-from train.strategy import Layout
 
 SHAPES = Shapes(root=100, layer=10, layers=2)  # units: root 100, two layers of 10 parameters
 FP32 = Model(params=120, layers=2, bytes_per_param=4)
@@ -226,8 +226,8 @@ def test_pipeline_step_by_hand():
 
 
 def test_a_stage_step_measured_in_place_replaces_the_priced_parts():
-    # The same pp = 2 layout with its stage step measured (train.calibrate_layout): forward + backward as measured,
-    # already split, with the bubble and the pipeline's sends in it; the optimizer on the rank's 1/S; FSDP's
+    # The same pp = 2 layout with its stage step measured (train.measure.calibrate_layout): forward + backward as
+    # measured, already split, with the bubble and the pipeline's sends in it; the optimizer on the rank's 1/S; FSDP's
     # traffic on the shrunken units priced as before.
     mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
     stage = Compute(forward_s=0.75, backward_s=0.0, optimizer_s=2.0, source="in place", in_place=True)

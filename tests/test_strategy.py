@@ -1,5 +1,5 @@
-"""The strategy table (train/strategy.py): each row's rules reproduce the paper's layouts, and the launcher reads a
-strategy only through its row, so a row added to the table is swept, planned, ranked and labelled with no other
+"""The strategy table (train/parallel/strategy.py): each row's rules reproduce the paper's layouts, and the launcher
+reads a strategy only through its row, so a row added to the table is swept, planned, ranked and labelled with no other
 change."""
 import pytest
 
@@ -7,8 +7,8 @@ from launcher.placement import ranking
 from launcher.report import paper
 from launcher.settings import compose
 from launcher.sweep import expand
+from train.parallel.strategy import STRATEGIES, Layout, Strategy
 from train.spec import RunSpec
-from train.strategy import STRATEGIES, Layout, Strategy
 
 
 def test_the_paper_layouts_on_128_nodes_of_4_gpus():

@@ -1,4 +1,4 @@
-"""One test per private submitit name that train/submitit_compat.py relies on, against the installed submitit:
+"""One test per private submitit name that train/runtime/submitit_compat.py relies on, against the installed submitit:
 if an upgrade renames or changes one, this fails here rather than in a job (pyproject.toml bounds the version)."""
 import importlib
 import signal
@@ -11,12 +11,12 @@ import pytest
 import submitit
 
 from tests.support import wait_for
-from train import submitit_compat
+from train.runtime import submitit_compat
 
 
 def test_preemption_signal_is_usr2_unless_submitit_is_told_otherwise():
     assert submitit_compat.preemption_signal() == signal.SIGUSR2
-    code = "from train import submitit_compat; print(int(submitit_compat.preemption_signal()))"
+    code = "from train.runtime import submitit_compat; print(int(submitit_compat.preemption_signal()))"
     out = subprocess.run([sys.executable, "-c", code], env={"SUBMITIT_PREEMPT_SIGNAL": "USR1", "PATH": ""},
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.strip() == str(int(signal.SIGUSR1)), out.stderr

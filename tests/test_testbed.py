@@ -124,8 +124,8 @@ def test_sacct_records_exit_0_for_completed_runs_and_not_for_a_failed_one(testbe
 
 def test_prepare_runs_as_one_cpu_job_on_a_node(testbed, tmp_path, tiny_tokenizer):
     """action=prepare on SLURM: one task with prepare.workers CPUs on one node (sacct's record), no GPU asked,
-    and the directory it writes is what train.prepare writes on this machine."""
-    from train.prepare import INDEX, prepare
+    and the directory it writes is what train.data.prepare writes on this machine."""
+    from train.data.prepare import INDEX, prepare
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

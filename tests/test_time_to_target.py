@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tests.support import clean_env
-from train.errors import SpecError
+from train.common import SpecError
 from train.result import RunResult
 from train.spec import RunSpec
 

@@ -8,9 +8,9 @@ import pytest
 
 from tests.conftest import WORDS
 from tests.support import run_ranks
-from train.prepare import prepare
+from train.data.prepare import prepare
+from train.data.tokens import TokensSource
 from train.sections import TokensData
-from train.tokens import TokensSource
 
 SEQ, BATCH, RANKS = 16, 2, 4
 

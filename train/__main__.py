@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from .errors import FedshardError
-from .job import TrainJob, leave_without_finalization
+from train.common import FedshardError
+from train.job import TrainJob, leave_without_finalization
 
 USAGE = """usage: python -m train SPEC.json
 

@@ -6,9 +6,9 @@ import atexit
 import os
 import sys
 
-from . import submitit_compat
-from .result import RunResult
-from .spec import RunSpec
+from train.result import RunResult
+from train.runtime import submitit_compat
+from train.spec import RunSpec
 
 
 def leave_without_finalization(code: int) -> None:
@@ -38,14 +38,14 @@ def leave_when_the_task_ends() -> None:
 class TrainJob:
     """Picklable for submitit: each task of the job runs one rank."""
 
-    PRELOAD = ("train.loop",)  # what its ranks import (train.forked_ranks imports it once, before forking them)
+    PRELOAD = ("train.loop",)  # what its ranks import (train.runtime.forked_ranks imports it once, before forking them)
 
     def __init__(self, spec_path: str):
         self.spec_path = str(spec_path)
 
     def __call__(self) -> RunResult | None:
         spec = RunSpec.load(self.spec_path)  # a bad spec fails before torch is even imported
-        from .loop import run
+        from train.loop import run
 
         result = run(spec)
         leave_when_the_task_ends()

@@ -12,17 +12,21 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from . import checkpoint, data, energy, exposed, launch_env, metrics, optim, parallelize, pipeline, profiling
-from . import mesh as meshes
-from . import model as models
-from .errors import SpecError
-from .federated import FedAvg
-from .nonfinite import Guard
-from .outer import DiLoCo, OuterStep
-from .preemption import StopRequest
-from .result import RankRecord, RunResult, target_crossing
-from .spec import RunSpec
-from .watchdog import Watchdog
+from train import model as models
+from train import optim
+from train.common import SpecError
+from train.data import sources as data
+from train.federation.federated import FedAvg
+from train.federation.outer import DiLoCo, OuterStep
+from train.measure import energy, exposed, metrics, profiling
+from train.parallel import mesh as meshes
+from train.parallel import parallelize, pipeline
+from train.result import RankRecord, RunResult, target_crossing
+from train.runtime import checkpoint, launch_env
+from train.runtime.nonfinite import Guard
+from train.runtime.preemption import StopRequest
+from train.runtime.watchdog import Watchdog
+from train.spec import RunSpec
 
 FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init builds on meta and initialises per shard
 
@@ -34,7 +38,7 @@ class Trainer:
                  watchdog_tag: str | None = None, mesh=None):
         """Build this rank's part of the run; nothing is loaded or checked across ranks until `restore()`.
         Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed; `mesh`:
-        one built already (train.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
+        one built already (train.measure.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
         self.source = source or data.for_run(spec, self.config.vocab_size)

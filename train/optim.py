@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .spec import TrainConfig
+from train.spec import TrainConfig
 
 
 def adamw(params, cfg: TrainConfig) -> torch.optim.AdamW:

@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import FedshardError
-from .files import write_atomic
-from .sections import reject_unknown
+from train.common import FedshardError, write_atomic
+from train.sections import reject_unknown
 
 
 class ResultError(FedshardError):

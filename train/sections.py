@@ -2,7 +2,7 @@
 
 Pure Python (no torch, no transformers), so the launcher validates a sweep's model and data with the
 same code the job runs, before anything is submitted. What needs the model's vocabulary or the files
-themselves (vocab ranges, tokenizer loading) is checked where those exist: train/data.py and
+themselves (vocab ranges, tokenizer loading) is checked where those exist: train/data/sources.py and
 train/model.py.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterable, Mapping
 
-from .errors import DataError, FedshardError, SpecError
-from .presets import PRESETS
+from train.common import DataError, FedshardError, SpecError
+from train.presets import PRESETS
 
 
 def reject_unknown(where: str, raw: Mapping, known: Iterable[str], error: type[FedshardError] = SpecError) -> None:
@@ -56,7 +56,7 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class SyntheticData:
-    """The known-floor Markov source (train.data.SyntheticSource); vocab None means min(model vocab, 512)."""
+    """The known-floor Markov source (train.data.sources.SyntheticSource); vocab None means min(model vocab, 512)."""
 
     kind: ClassVar[str] = "synthetic"
     vocab: int | None = None
@@ -72,7 +72,7 @@ class SyntheticData:
 
 @dataclass(frozen=True)
 class TextData:
-    """Local text files packed into blocks with a local tokenizer (train.data.TextSource)."""
+    """Local text files packed into blocks with a local tokenizer (train.data.sources.TextSource)."""
 
     kind: ClassVar[str] = "text"
     SUFFIXES: ClassVar[tuple[str, ...]] = (".txt", ".jsonl", ".parquet")
@@ -164,8 +164,8 @@ def describe(hint) -> str:
 
 @dataclass(frozen=True)
 class TokensData:
-    """A directory prepared by `python -m train.prepare`, memory-mapped and drawn without replacement
-    (train.tokens.TokensSource)."""
+    """A directory prepared by `python -m train.data.prepare`, memory-mapped and drawn without replacement
+    (train.data.tokens.TokensSource)."""
 
     kind: ClassVar[str] = "tokens"
     path: str = ""
@@ -174,7 +174,8 @@ class TokensData:
 
     def validate(self) -> None:
         if not isinstance(self.path, str) or not self.path:
-            raise DataError(f"data.path must be a directory prepared by python -m train.prepare, got {self.path!r}")
+            raise DataError(f"data.path must be a directory prepared by python -m train.data.prepare, "
+                            f"got {self.path!r}")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
             raise DataError(f"data.tokenizer must be a local directory path or null, got {self.tokenizer!r}")
         if self.epochs is not None and (isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float))

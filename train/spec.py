@@ -13,26 +13,33 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import profiling
-from .dims import Dims
-from .errors import SpecError
-from .files import write_atomic
-from .sections import DataSection, ModelSection, SyntheticData, check_types, data_section, data_to_dict, reject_unknown
-from .strategy import STRATEGIES, Layout
+from train.common import SpecError, write_atomic
+from train.measure import profiling
+from train.parallel.dims import Dims
+from train.parallel.strategy import STRATEGIES, Layout
+from train.sections import (
+    DataSection,
+    ModelSection,
+    SyntheticData,
+    check_types,
+    data_section,
+    data_to_dict,
+    reject_unknown,
+)
 
-# FedAvg packs shards into flat buffers of at most this size, one collective each (train.federated; the
+# FedAvg packs shards into flat buffers of at most this size, one collective each (train.federation.federated; the
 # step-time model counts them without importing torch).
 FEDAVG_CHUNK_BYTES = 256 * 2**20
-INT8_BLOCK = 64  # values sharing one scale in an int8 exchange (train.compress): 1 + 4/64 bytes per value
+INT8_BLOCK = 64  # values sharing one scale in an int8 exchange (train.federation.compress): 1 + 4/64 bytes per value
 PRECISIONS = ("fp32", "bf16", "paper")
-REDUCE_DTYPES = ("fp32", "bf16")  # what FSDP reduces gradients in (train.parallelize)
-RETIRED_TRAIN_KEYS = ("compute_only_steps",)  # measured nothing the run did not do already (train.exposed)
-TIMINGS = ("phases",)  # device events at phase boundaries, no barrier (train.metrics.PhaseClock)
+REDUCE_DTYPES = ("fp32", "bf16")  # what FSDP reduces gradients in (train.parallel.parallelize)
+RETIRED_TRAIN_KEYS = ("compute_only_steps",)  # measured nothing the run did not do already (train.measure.exposed)
+TIMINGS = ("phases",)  # device events at phase boundaries, no barrier (train.measure.metrics.PhaseClock)
 INITS = ("auto", "full", "meta")
-OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train.federated, train.outer)
-WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.compress); fp32: as the parameters are
-ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.nonfinite)
-PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.pipeline)
+OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train/federation: federated, outer)
+WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.federation.compress); fp32: as parameters are
+ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.runtime.nonfinite)
+PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.parallel.pipeline)
 
 
 @dataclass
@@ -64,22 +71,22 @@ class TrainConfig:
     outer_momentum: float = 0.9
     outer_offload: bool = False  # keep DiLoCo's synchronized copy and momentum in CPU memory
     aggregation_dtype: str = "fp32"  # what crosses the federation links: fp32 (uncompressed), bf16 or int8
-    outer_fragments: int = 1  # streaming: fragments synced in rotation, one every A / N steps (train.outer)
+    outer_fragments: int = 1  # streaming: fragments synced in rotation, one every A / N steps (train.federation.outer)
     outer_delay: int = 0  # streaming: inner steps a fragment's exchange overlaps before it is merged
     on_nonfinite: str = "stop"  # a NaN/inf loss or gradient: stop (before it is averaged or saved) | skip_step
     init: str = "auto"
     timeout_s: float = 600.0
     watchdog_s: float = 600.0  # a phase lasting longer fails the run, naming rank, phase and step
-    profile: str = ""  # START:STOP: torch.profiler traces of steps START..STOP-1, one per rank (train.profiling)
+    profile: str = ""  # START:STOP: torch.profiler traces of steps START..STOP-1, per rank (train.measure.profiling)
     heartbeat_dir: str = ""  # a shared directory where each node beats every 10 s, so the watchdog sees other nodes
     checkpoint_every: int = 0  # steps between sharded checkpoints (0: none); a rerun resumes from the latest
     keep_checkpoints: int = 2
     stop_check_every: int = 5  # fewest steps between agreements on the scheduler's stop signal, each at a step
-                               # that logs, averages or checkpoints (train.preemption); then checkpoint, requeue
-    elastic: bool = False  # a resume may change F (fewer federation groups), R or S: train.checkpoint
-    tp: int = 1  # tensor-parallel degree: the ranks of one node that split each layer's matrices (train.tensor)
-    sequence_parallel: bool = False  # with tp > 1: the norms run on a slice of the sequence (train.tensor)
-    pp: int = 1  # pipeline stages: consecutive layers per stage (train.pipeline)
+                               # that logs, averages or checkpoints (train.runtime.preemption); then checkpoint, requeue
+    elastic: bool = False  # a resume may change F (fewer federation groups), R or S: train.runtime.checkpoint
+    tp: int = 1  # tensor-parallel degree: the ranks of a node that split each layer's matrices (train.parallel.tensor)
+    sequence_parallel: bool = False  # with tp > 1: the norms run on a slice of the sequence (train.parallel.tensor)
+    pp: int = 1  # pipeline stages: consecutive layers per stage (train.parallel.pipeline)
     microbatches: int = 0  # per step and pipeline (0: one per stage); the per-rank batch divides into them
     pp_schedule: str = "1f1b"  # gpipe: all forwards, then all backwards; 1f1b: interleaved, fewer activations held
     activation_checkpointing: bool = False  # keep each layer's input only; recompute the rest in backward

@@ -1,7 +1,7 @@
 """Rank placement honouring B_T >= B_P >= B_S > B_R > B_F: tensor-parallel groups inside a node, pipeline stages
 next, shard groups inside a node where they fit, federation groups under the lowest switch.
 
-The ranks of one federation group are contiguous (row-major (f, r, s, p, t), train.dims), so placing a
+The ranks of one federation group are contiguous (row-major (f, r, s, p, t), train.parallel.dims), so placing a
 group means choosing its nodes; rank k then runs on the (k // G)-th chosen node. Groups
 are packed bottom-up: as many as possible under single leaves, then under single level-1
 switches, and so on — which maximises, level by level, how many groups stay low. Among
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from launcher.errors import ConfigError
 from launcher.placement import gc_paused
 from launcher.placement.topology import Topology
-from train.dims import Dims
+from train.parallel.dims import Dims
 
 
 class NoPlacement(ConfigError):
@@ -109,8 +109,8 @@ def _name_key(node: str) -> list:
 @functools.cache
 def communicators(F: int, R: int, S: int, P: int = 1, T: int = 1) -> dict[str, list[list[tuple]]]:
     """The (f, r, s, p, t) members of every shard, replicate, federation, pipeline and tensor-parallel group; in
-    FL+HSDP only replica 0 of each group averages across groups (train.federated). Cached: placing and pricing
-    a layout both walk them (callers only read)."""
+    FL+HSDP only replica 0 of each group averages across groups (train.federation.federated). Cached: placing and
+    pricing a layout both walk them (callers only read)."""
     mp = [(p, t) for p in range(P) for t in range(T)]
     return {"shard": [[(f, r, s, p, t) for s in range(S)] for f in range(F) for r in range(R) for p, t in mp],
             "replicate": [[(f, r, s, p, t) for r in range(R)] for f in range(F) for s in range(S) for p, t in mp],

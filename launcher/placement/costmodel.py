@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from train.parallel.strategy import STRATEGIES, Layout
 from train.spec import INT8_BLOCK  # torch-free
-from train.strategy import STRATEGIES, Layout
 
 LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
@@ -63,12 +63,13 @@ class Model:
         return self.params * (self.fedavg_bytes_per_param or self.bytes_per_param)
 
 
-# (all-gather, gradient reduction, FedAvg) bytes per parameter, as train.parallelize and train.federated send them:
-# fp32 everywhere; bf16 = bf16 all-gathers over fp32 master weights with fp32 gradient reduction; paper = bf16
-# parameters, gradients and optimizer state (the authors' FSDP MixedPrecision reduces in bf16).
+# (all-gather, gradient reduction, FedAvg) bytes per parameter, as train.parallel.parallelize and
+# train.federation.federated send them: fp32 everywhere; bf16 = bf16 all-gathers over fp32 master weights with fp32
+# gradient reduction; paper = bf16 parameters, gradients and optimizer state (the authors' FSDP MixedPrecision reduces
+# in bf16).
 WIRE_BYTES = {"fp32": (4, 4, 4), "bf16": (2, 4, 4), "paper": (2, 2, 2)}
 REDUCE_WIRE_BYTES = {"fp32": 4, "bf16": 2}  # train.reduce_dtype, where the run names it
-# Bytes per value of a compressed exchange (train.compress): int8 adds one fp32 scale per block.
+# Bytes per value of a compressed exchange (train.federation.compress): int8 adds one fp32 scale per block.
 COMPRESSED_BYTES = {"bf16": 2, "int8": 1 + 4 / INT8_BLOCK}
 
 
@@ -134,7 +135,7 @@ def predict(layout: Layout, model: Model, bandwidth: dict) -> dict:
 
 def checkpoint_bytes(params: int, F: int, precision: str, average_optimizer_state: bool = False,
                      at_fedavg: bool = True) -> int:
-    """Bytes of one checkpoint (train.checkpoint): the stored parameters once, as FedAvg has just made the
+    """Bytes of one checkpoint (train.runtime.checkpoint): the stored parameters once, as FedAvg has just made the
     groups equal, and AdamW's two moments (stored like the parameters) once per federation group unless they
     are averaged too. A stop between two averagings (at_fedavg=False) stores the parameters per group as well.
     Parameters are stored in fp32 except under `paper` (bf16); RNG, schedule and step counters add a few KB."""

@@ -1,13 +1,13 @@
 """Bytes one device holds at its peak for a layout: sharded training state, the units FSDP gathers, activations
 and FedAvg's buffer. Pure arithmetic, so a plan refuses a layout that cannot fit before anything is submitted.
 
-Per rank, a pipeline stage holds ceil(L / pp) layers, each split over tp ranks (train.tensor: every matrix of a
+Per rank, a pipeline stage holds ceil(L / pp) layers, each split over tp ranks (train.parallel.tensor: every matrix of a
 block; the norms are ignored), and the embedding (first stage) or the vocabulary-split lm_head (last stage);
 FSDP then shards that over S. What is held:
 - state, per sharded parameter: the parameter and AdamW's two moments (4 + 8 bytes; 2 + 4 with precision=paper,
   whose parameters are bf16; set_to_none frees the sharded gradient before the activation peak at the start of
   backward); DiLoCo (or a compressed or streamed exchange) adds its synchronized copy and momentum, fp32 whatever
-  the precision (train.outer), unless train.outer_offload moves them to host memory;
+  the precision (train.federation.outer), unless train.outer_offload moves them to host memory;
 - gathered: the root unit and two decoder layers (the one computing and the one prefetched) unsharded in the
   compute dtype, with two layers' unsharded gradients before their reduce-scatter (fully_shard copies them out
   even on a one-rank shard group), in the larger of the compute dtype and train.reduce_dtype (FSDP casts them
@@ -29,7 +29,7 @@ FSDP then shards that over S. What is held:
   checkpointing, where each layer keeps only its input and one layer's activations are live while it is
   recomputed, after the loss is freed (the larger of the two counts). Tokens in flight: the rank's batch; under
   pp, GPipe keeps every microbatch, 1F1B at most pp of them on the first stage and one on the last;
-- the FedAvg flat buffer: the rank's shard up to train.federated's chunk (twice for a 16-bit exchange).
+- the FedAvg flat buffer: the rank's shard up to train.federation.federated's chunk (twice for a 16-bit exchange).
 Gloo's own scratch copies, made in its worker threads, are not counted (NCCL reduces in place).
 """
 from __future__ import annotations

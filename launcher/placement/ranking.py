@@ -10,7 +10,7 @@ from __future__ import annotations
 from launcher.placement import allocate
 from launcher.placement.costmodel import Model, predict
 from launcher.placement.topology import Topology
-from train.strategy import STRATEGIES, Layout
+from train.parallel.strategy import STRATEGIES, Layout
 
 AS = (1, 2, 4, 8, 16, 32)
 

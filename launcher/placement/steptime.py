@@ -2,7 +2,7 @@
 alpha and bandwidth of the level it crosses (launcher.placement.costmodel keeps the paper's communication-only
 formulas beside it). Pure arithmetic, no torch: plan ranks hundreds of layouts with it.
 
-What one step sends (train.parallelize: fully_shard on each decoder layer, then on the root):
+What one step sends (train.parallel.parallelize: fully_shard on each decoder layer, then on the root):
 - shard group (S ranks): per unit an all_gather in forward (every layer and the root; a layer again for each
   further pipeline microbatch, FSDP2 resharding it after each forward), another in backward for each layer
   (the root is not resharded after forward), and a reduce_scatter of its gradient;
@@ -13,10 +13,11 @@ What one step sends (train.parallelize: fully_shard on each decoder layer, then 
 A collective of `size` bytes on n ranks takes alpha + size x busfactor(n) x flows / link at the busiest level
 it crosses, where flows is how many of the layout's concurrent groups share that level's busiest link.
 - synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one per FedAvg, for
-  the non-finite check (train.nonfinite); phases are timed with device events, without barriers (train.metrics).
+  the non-finite check (train.runtime.nonfinite); phases are timed with device events, without barriers
+  (train.measure.metrics).
 With tensor and pipeline parallelism (ModelParallel) a rank holds the largest stage's ceil(L / pp) layers, each
 split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
-- tensor group (tp ranks, one node), per layer and microbatch, as train.tensor's DTensor plan issues them (the
+- tensor group (tp ranks, one node), per layer and microbatch, as train.parallel.tensor's DTensor plan issues them (the
   dry-run counts them, launcher.dryrun): an all_reduce of the activations after attention and after the MLP in
   forward, and in backward one of the input gradient of each column-wise matrix (q, k, v, gate, up: five, not a
   fused QKV's two); lm_head (without pipeline stages: the first stage, priced, has none) gathers the logits
@@ -29,7 +30,7 @@ split over tp ranks (stage_shapes), and the units above shrink accordingly; besi
   and the schedule's m + pp - 1 slots each way, not m, lie on the critical path;
 - compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
-Where the probe measured the layout's own stage step in place (Compute.in_place, train.calibrate_layout), that
+Where the probe measured the layout's own stage step in place (Compute.in_place, train.measure.calibrate_layout), that
 measurement replaces the last three items: it holds the split compute, the bubble and the tensor and pipeline
 traffic as this machine runs them, which the parts above priced up to 71 % short on the testbed.
 """
@@ -44,9 +45,9 @@ from launcher.placement.alphabeta import COLLECTIVES, bus_factor
 from launcher.placement.costmodel import LLAMA_KEYS, Model, llama_params
 from launcher.placement.levels import level_name, traffic
 from launcher.placement.topology import Topology
+from train.parallel.strategy import Layout
 from train.presets import flops_per_token
 from train.spec import FEDAVG_CHUNK_BYTES
-from train.strategy import Layout
 
 ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
 
@@ -161,7 +162,7 @@ class Compute:
     backward_s: float
     optimizer_s: float
     source: str
-    in_place: bool = False  # a tensor- or pipeline-parallel layout's own stage, measured (train.calibrate_layout):
+    in_place: bool = False  # a tp or pp layout's own stage, measured (train.measure.calibrate_layout):
                             # already one rank's share, with the bubble and the tensor and pipeline traffic in it
 
     @classmethod

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from launcher.report.results import group_repeats  # noqa: E402
 from launcher.report.tables import paper_order  # noqa: E402
-from train.files import atomic  # noqa: E402
+from train.common import atomic  # noqa: E402
 from train.result import PHASES, RunResult  # noqa: E402
 
 

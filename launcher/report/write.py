@@ -16,7 +16,7 @@ from launcher.report.scaling import scaling_plot, scaling_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
 from launcher.store import Store
-from train.files import write_atomic
+from train.common import write_atomic
 from train.result import RunResult
 
 LOCAL_NOTE = ("cluster=local: every rank ran on this one machine, with no slow link between its virtual nodes, so "

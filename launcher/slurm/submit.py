@@ -10,7 +10,7 @@ from launcher.errors import SubmitError
 from launcher.settings import Cluster
 from launcher.slurm.hostlist import compress
 from launcher.sweep import PlannedRun, Run
-from train import submitit_compat
+from train.runtime import submitit_compat
 
 
 def attempt_folder(run_dir: Path, attempt: int) -> Path:

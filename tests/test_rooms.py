@@ -1,0 +1,27 @@
+"""train/ in rooms by concern (issue 40): its top level holds only the entrypoint, the launcher's contract and the
+one common module; every other module lives in a room, so a newcomer finds a concept by its folder."""
+from tests.support import ROOT
+
+TOP = {"__init__", "__main__", "common", "job", "loop", "model", "optim", "presets", "result", "sections", "spec"}
+ROOMS = {"parallel", "federation", "data", "runtime", "measure"}
+
+
+def test_train_top_level_holds_only_the_entrypoint_the_contract_and_common():
+    train = ROOT / "train"
+    assert {p.stem for p in train.glob("*.py")} == TOP
+    assert {p.name for p in train.iterdir() if p.is_dir() and p.name != "__pycache__"} == ROOMS
+    for room in ROOMS:
+        assert (train / room / "__init__.py").read_text().startswith('"""'), room  # says what the room holds
+        assert not list((train / room).glob("*/")) or all(p.name == "__pycache__" for p in (train / room).glob("*/"))
+
+
+def test_shared_helpers_have_one_home():
+    """Atomic writes and the user-facing errors are defined once, in train/common.py, and imported from there."""
+    defined = {}
+    for path in [*(ROOT / "train").rglob("*.py"), *(ROOT / "launcher").rglob("*.py")]:
+        for line in path.read_text().splitlines():
+            for name in ("def write_atomic(", "def atomic(", "class FedshardError("):
+                if line.startswith(name):
+                    defined.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
+    assert defined == {name: ["train/common.py"] for name in ("def write_atomic(", "def atomic(",
+                                                              "class FedshardError(")}
