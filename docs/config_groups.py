@@ -7,6 +7,9 @@ from pathlib import Path
 import yaml
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
+# options registered with Hydra's ConfigStore rather than written as files (launcher.settings.register_train_base)
+REGISTERED = {"train": {"base": "Every train key at its default: TrainConfig's (train/config.py), registered with "
+                                "Hydra's ConfigStore, not a file; the keys by concern: [train-keys.md](train-keys.md)"}}
 
 
 def summary(path: Path) -> str:
@@ -34,9 +37,11 @@ def main() -> None:
     print("|---|---|---|")
     chosen = defaults()
     for group in sorted(p for p in CONF.iterdir() if p.is_dir()):
-        for option in sorted(group.glob("*.yaml")):
-            default = " (default)" if chosen.get(group.name) == option.stem else ""
-            print(f"| `{group.name}` | `{option.stem}`{default} | {summary(option)} |")
+        options = {option.stem: summary(option) for option in group.glob("*.yaml")}
+        options.update(REGISTERED.get(group.name, {}))
+        for name, what in sorted(options.items()):
+            default = " (default)" if chosen.get(group.name) == name else ""
+            print(f"| `{group.name}` | `{name}`{default} | {what} |")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 from launcher.errors import ConfigError
 from launcher.report.wandb_log import MODES as WANDB_MODES
 from launcher.secrets import redact
+from train.config import defaults
 from train.sections import check_types, matches, reject_unknown
 
 # the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
@@ -266,8 +267,17 @@ def search_dirs(overrides: list[str]) -> list[Path]:
 
 
 def group_options(group: str, overrides: list[str]) -> list[str]:
-    """Every option of a config group (cluster, sweep, model, ...) on the search path."""
-    return sorted({p.stem for d in search_dirs(overrides) for p in (d / group).glob("*.yaml")})
+    """Every option of a config group (cluster, sweep, model, ...) on the search path, and those registered."""
+    registered = ["base"] if group == "train" else []
+    return sorted({*registered, *(p.stem for d in search_dirs(overrides) for p in (d / group).glob("*.yaml"))})
+
+
+def register_train_base() -> None:
+    """`train=base` (what every preset of conf/train/ starts from) is TrainConfig's defaults, registered with
+    Hydra's ConfigStore rather than copied into a YAML file: the dataclasses are the one schema."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="train", name="base", node=defaults())
 
 
 def compose(overrides: list[str]) -> Settings:
@@ -277,6 +287,8 @@ def compose(overrides: list[str]) -> Settings:
     from hydra.errors import HydraException
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    register_train_base()
 
     def composed(overrides: list[str]):
         with initialize_config_dir(str(CONF_DIR), version_base=None):

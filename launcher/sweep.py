@@ -98,7 +98,7 @@ SCALINGS = ("none", "weak", "strong")
 def per_gpu_batches(settings: Settings, counts: list[int]) -> dict[int, int]:
     """train.batch_per_rank (sequences per GPU) at each node count: the same everywhere, except under
     sweep.scaling=strong, which keeps the global batch of the smallest count and splits it over more GPUs."""
-    scaling, batch = settings.sweep.scaling, settings.train["batch_per_rank"]  # conf/train/base.yaml sets it
+    scaling, batch = settings.sweep.scaling, settings.train["batch_per_rank"]  # train=base sets it (train.config)
     if scaling not in SCALINGS:
         raise ConfigError(f"sweep.scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     if scaling != "none" and len(set(counts)) < 2:

@@ -126,18 +126,32 @@ def test_plans_for_two_clusters_do_not_overwrite_each_other(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["leonardo", "local"]
 
 
-def test_every_train_key_has_its_default_in_conf_and_is_set_plainly():
-    """conf/train/base.yaml is TrainConfig's defaults; every preset starts from it, so no key needs a `+`."""
+def test_every_train_key_has_its_default_from_the_schema_and_presets_hold_overrides_only():
+    """train=base is TrainConfig's defaults, registered with Hydra's ConfigStore (no YAML copy); every preset starts
+    from it, so no key needs a `+`, and sets only keys it changes (or, citing the authors, pins their value)."""
     import dataclasses
 
-    from launcher.settings import compose
-    from train.spec import TrainConfig
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
 
-    base = yaml.safe_load((ROOT / "conf" / "train" / "base.yaml").read_text())
+    from launcher.settings import CONF_DIR, compose, register_train_base
+    from train.config import TrainConfig
+
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    assert not (ROOT / "conf" / "train" / "base.yaml").exists()
+    register_train_base()
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        base = OmegaConf.to_container(hydra_compose("config", overrides=["train=base"]).train)
     assert {k: tuple(v) if isinstance(v, list) else v for k, v in base.items()} == defaults
     for preset in sorted(p.stem for p in (ROOT / "conf" / "train").glob("*.yaml")):
         assert set(compose(["sweep=smoke", f"train={preset}"]).train) >= set(defaults), preset
+        own = yaml.safe_load((ROOT / "conf" / "train" / f"{preset}.yaml").read_text())
+        own.pop("defaults")
+        cited = {line.split(":")[0] for line in (ROOT / "conf" / "train" / f"{preset}.yaml").read_text().splitlines()
+                 if "# [xffl]" in line or "# [paper]" in line}  # a default pinned to the authors' value, cited
+        repeated = {k for k, v in own.items() if (tuple(v) if isinstance(v, list) else v) == defaults[k]} - cited
+        assert not repeated, f"conf/train/{preset}.yaml repeats defaults: {sorted(repeated)}"
     typed = compose(["sweep=smoke", "train.eps=1e-6", "train.watchdog_s=30", "train.init=meta"]).train
     assert (typed["eps"], typed["watchdog_s"], typed["init"]) == (1e-6, 30, "meta")
 

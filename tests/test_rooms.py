@@ -2,7 +2,8 @@
 one common module; every other module lives in a room, so a newcomer finds a concept by its folder."""
 from tests.support import ROOT
 
-TOP = {"__init__", "__main__", "common", "job", "loop", "model", "optim", "presets", "result", "sections", "spec"}
+TOP = {"__init__", "__main__", "common", "config", "job", "loop", "model", "optim", "presets", "result", "sections",
+       "spec"}
 ROOMS = {"parallel", "federation", "data", "runtime", "measure"}
 
 

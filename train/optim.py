@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from train.spec import TrainConfig
+from train.config import TrainConfig
 
 
 def adamw(params, cfg: TrainConfig) -> torch.optim.AdamW:

@@ -32,7 +32,7 @@ class LiveRun:
 
         os.environ.setdefault("WANDB_SILENT", "true")
         self.path, self.offset, self.last_step = run_dir / "metrics.jsonl", 0, 0
-        self.run = wandb.init(project=wandb_cfg.get("project", "fedshard"), group=sweep, name=run_dir.name,
+        self.run = wandb.init(project=wandb_cfg["project"], group=sweep, name=run_dir.name,
                               mode=wandb_cfg["mode"], dir=str(run_dir.parent), config=config, reinit="create_new")
 
     def feed(self) -> int:
