@@ -78,9 +78,9 @@ def hydra_cli(argv: list[str]) -> int:
     import hydra
     from hydra.core.hydra_config import HydraConfig
 
-    from launcher.settings import CONF_DIR, register_train_base
+    from launcher.settings import CONF_DIR, register_schema
 
-    register_train_base()
+    register_schema()
     outcome = {"rc": 0}
 
     searchpath = [a for a in argv if a.startswith("hydra.searchpath=")]  # --config-dir, kept for the sweep

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass
 
 from launcher.errors import ConfigError
-from launcher.settings import CONF_DIR
+from launcher.settings import group_options
 from launcher.sweep import expand
 
 FLAGS = ("-m", "--multirun")
@@ -47,7 +47,7 @@ def split(argv: list[str]) -> tuple[list[str], list[Axis]]:
             raise ConfigError(f"{key} cannot be swept with -m: one sweep runs on one cluster into one directory; "
                               f"sweep train.*, model or data keys, and strategies, A, F and nodes with sweep.*")
         if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
-            options = sorted(p.stem for p in (CONF_DIR / key).glob("*.yaml"))
+            options = group_options(key, argv)  # a --config-dir's options too
             values = override.value().filter(options)
         else:
             values = list(override.sweep_string_iterator())

@@ -17,8 +17,8 @@ from pathlib import Path
 from launcher.errors import ConfigError
 from launcher.report.wandb_log import MODES as WANDB_MODES
 from launcher.secrets import redact
-from train.config import defaults
-from train.sections import check_types, matches, reject_unknown
+from train.config import TrainConfig
+from train.sections import DATA_KINDS, check_types, matches, registered, reject_unknown
 
 # the source tree's conf/, or the copy a built wheel carries inside the package (pyproject.toml: launcher.conf)
 CONF_DIR = next((d for d in (Path(__file__).resolve().parent / "conf", Path(__file__).resolve().parent.parent / "conf")
@@ -268,16 +268,21 @@ def search_dirs(overrides: list[str]) -> list[Path]:
 
 def group_options(group: str, overrides: list[str]) -> list[str]:
     """Every option of a config group (cluster, sweep, model, ...) on the search path, and those registered."""
-    registered = ["base"] if group == "train" else []
-    return sorted({*registered, *(p.stem for d in search_dirs(overrides) for p in (d / group).glob("*.yaml"))})
+    files = {p.stem for d in search_dirs(overrides) for p in (d / group).glob("*.yaml")}
+    return sorted(files | set(REGISTERED.get(group, {})))
 
 
-def register_train_base() -> None:
-    """`train=base` (what every preset of conf/train/ starts from) is TrainConfig's defaults, registered with
-    Hydra's ConfigStore rather than copied into a YAML file: the dataclasses are the one schema."""
+# Options that are a dataclass's defaults, registered with Hydra's ConfigStore rather than copied into YAML files
+# (the dataclasses are the one schema): train=base, which every preset of conf/train/ starts from, and data=KIND.
+REGISTERED = {"train": {"base": TrainConfig}, "data": {cls.kind: cls for cls in DATA_KINDS.values()}}
+
+
+def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(group="train", name="base", node=defaults())
+    for group, options in REGISTERED.items():
+        for name, cls in options.items():
+            ConfigStore.instance().store(group=group, name=name, node=registered(cls))
 
 
 def compose(overrides: list[str]) -> Settings:
@@ -288,7 +293,7 @@ def compose(overrides: list[str]) -> Settings:
     from omegaconf import OmegaConf, open_dict
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-    register_train_base()
+    register_schema()
 
     def composed(overrides: list[str]):
         with initialize_config_dir(str(CONF_DIR), version_base=None):

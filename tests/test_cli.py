@@ -22,8 +22,11 @@ def test_help_lists_config_groups_and_their_choices(tmp_path):
     assert proc.returncode == 0, proc.stderr
     groups = {line.split(":")[0]: line.split(": ")[1].split(", ") for line in proc.stdout.splitlines()
               if line.split(":")[0] in ("cluster", "data", "model", "sweep", "train") and ": " in line}
+    from launcher.settings import REGISTERED  # train=base and data=KIND: dataclasses, no files
+
     for group, choices in groups.items():
-        assert choices == sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml")), group
+        files = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+        assert choices == sorted(files | set(REGISTERED.get(group, {}))), group
     assert set(groups) == {"cluster", "data", "model", "sweep", "train"}
     assert "Precedence, lowest first" in proc.stdout and "action=plan" in proc.stdout
 
@@ -135,12 +138,12 @@ def test_every_train_key_has_its_default_from_the_schema_and_presets_hold_overri
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from launcher.settings import CONF_DIR, compose, register_train_base
+    from launcher.settings import CONF_DIR, compose, register_schema
     from train.config import TrainConfig
 
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     assert not (ROOT / "conf" / "train" / "base.yaml").exists()
-    register_train_base()
+    register_schema()
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         base = OmegaConf.to_container(hydra_compose("config", overrides=["train=base"]).train)
     assert {k: tuple(v) if isinstance(v, list) else v for k, v in base.items()} == defaults

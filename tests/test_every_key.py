@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from launcher.__main__ import main
-from launcher.settings import CONF_DIR, register_train_base
+from launcher.settings import CONF_DIR, register_schema
 
 UNTYPED = ("action", "results_dir")  # checked apart: tests/test_bad_input.py
 
@@ -22,7 +22,7 @@ def _leaves(tree: dict, prefix: str = ""):
 
 
 def _keys(*groups: str) -> list[tuple[str, object]]:
-    register_train_base()
+    register_schema()
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         cfg = OmegaConf.to_container(compose("config", overrides=list(groups)), resolve=False)
     cfg.pop("hydra", None)

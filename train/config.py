@@ -2,7 +2,7 @@
 evaluation, timing), each field with its default, type, limit and one line of documentation: the only place they
 are written. TrainConfig joins them under one flat namespace, since `train.K` is what users type and spec.json
 carries; the launcher registers its defaults with Hydra's ConfigStore (conf/train/*.yaml hold overrides only), and
-docs/train-keys.md is `python -m train.config`'s output.
+docs/config-keys.md is `python -m train.config`'s output (with the data sections' keys, train.sections).
 
 Torch-free: the launcher validates a sweep's settings with this code before anything is submitted.
 """
@@ -11,12 +11,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from train.common import SpecError
 from train.measure import profiling
-from train.sections import check_types, describe
+from train.sections import (
+    ABOVE_ZERO,
+    COUNT,
+    DATA_KINDS,
+    POSITIVE,
+    Limit,
+    check_limits,
+    check_types,
+    describe,
+    key,
+    one_of,
+    registered,
+)
 
 PRECISIONS = ("fp32", "bf16", "paper")
 REDUCE_DTYPES = ("fp32", "bf16")  # what FSDP reduces gradients in (train.parallel.parallelize)
@@ -26,28 +37,6 @@ OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train/
 WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.federation.compress)
 ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.runtime.nonfinite)
 PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.parallel.pipeline)
-
-
-@dataclass(frozen=True)
-class Limit:
-    """What a value must be beyond its type, in the words its error line uses."""
-
-    says: str
-    holds: Callable[[typing.Any], bool]
-
-
-POSITIVE = Limit("a positive integer", lambda v: v >= 1)
-COUNT = Limit("an integer >= 0", lambda v: v >= 0)
-ABOVE_ZERO = Limit("> 0", lambda v: v > 0)
-
-
-def one_of(choices: tuple[str, ...]) -> Limit:
-    return Limit(f"one of {', '.join(choices)}", lambda v: v in choices)
-
-
-def key(default, doc: str, limit: Limit | None = None):
-    """A field: its default, the line docs/train-keys.md gives it, and its limit."""
-    return field(default=default, metadata={"doc": doc, "limit": limit})
 
 
 @dataclass
@@ -173,10 +162,7 @@ class TrainConfig(Timing, Evaluation, Checkpoints, Parallelism, OuterStep, Numer
 
     def validate(self) -> None:
         check_types(self, "train", SpecError)
-        for f in dataclasses.fields(self):
-            limit, value = f.metadata["limit"], getattr(self, f.name)
-            if limit is not None and not limit.holds(value):
-                raise SpecError(f"train.{f.name} must be {limit.says}, got {value!r}")
+        check_limits(self, "train", SpecError)
         profiling.window(self.profile, self.steps)
         if self.aggregation_dtype != "fp32" and self.average_optimizer_state:
             raise SpecError(f"train.aggregation_dtype={self.aggregation_dtype} compresses pseudo-gradients, which "
@@ -199,26 +185,24 @@ class TrainConfig(Timing, Evaluation, Checkpoints, Parallelism, OuterStep, Numer
                             f"train.tp={self.tp} ranks")
 
 
-def defaults() -> dict:
-    """Every train key at its default, as YAML would hold it (what the launcher registers as `train/base`)."""
-    return {f.name: list(f.default) if isinstance(f.default, tuple) else f.default
-            for f in dataclasses.fields(TrainConfig)}
-
-
 def keys_markdown() -> str:
-    """docs/train-keys.md: every train key by concern, with its type, default, limit and meaning."""
-    hints = typing.get_type_hints(TrainConfig)
-    lines = ["# Train keys", "", "Every `train.K` key, by concern: `python -m train.config > docs/train-keys.md` "
-             "(train/config.py, the one place they are written; tests/test_docs.py checks this page). Set one on "
-             "the command line (`train.lr=1e-3`), in a sweep's `train:` block, or in a preset of conf/train/.", ""]
-    for concern in reversed(TrainConfig.__mro__[1:-1]):
-        lines += [f"## {concern.__name__}", "", "| key | type | default | limit | what it does |",
-                  "|---|---|---|---|---|"]
-        for f in dataclasses.fields(concern):
+    """docs/config-keys.md: every train key by concern and every data kind's keys, each with its type, default,
+    limit and meaning."""
+    lines = ["# Train and data keys", "", "Every `train.K` key, by concern, and every `data.K` key of each data kind: "
+             "`python -m train.config > docs/config-keys.md` (train/config.py and train/sections.py, the one place "
+             "they are written; tests/test_docs.py checks this page). Set one on the command line (`train.lr=1e-3`, "
+             "`data.branching=4`), in a sweep's `train:` block, or in a preset of conf/train/ or conf/data/; a key "
+             "whose default is `???` must be set.", ""]
+    sections = [(f"train: {c.__name__}", c) for c in reversed(TrainConfig.__mro__[1:-1])]
+    sections += [(f"data={c.kind}", c) for c in DATA_KINDS.values()]
+    for title, cls in sections:
+        hints = typing.get_type_hints(cls)
+        lines += [f"## {title}", "", "| key | type | default | limit | what it does |", "|---|---|---|---|---|"]
+        defaults = registered(cls)
+        for f in dataclasses.fields(cls):
             limit = f.metadata["limit"]
-            default = list(f.default) if isinstance(f.default, tuple) else f.default
-            cells = [f"`{f.name}`", describe(hints[f.name]), f"`{_yaml(default)}`", limit.says if limit else "",
-                     f.metadata["doc"]]
+            cells = [f"`{f.name}`", describe(hints[f.name]), f"`{_yaml(defaults[f.name])}`",
+                     limit.says if limit else "", f.metadata["doc"]]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)

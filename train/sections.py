@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Iterable, Mapping
@@ -24,6 +25,49 @@ def reject_unknown(where: str, raw: Mapping, known: Iterable[str], error: type[F
     unknown = sorted(map(str, set(raw) - set(known)))
     if unknown:
         raise error(f"unknown {where} key(s): {', '.join(unknown)}")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """What a value must be beyond its type, in the words its error line uses."""
+
+    says: str
+    holds: Callable[[typing.Any], bool]
+
+
+POSITIVE = Limit("a positive integer", lambda v: v >= 1)
+COUNT = Limit("an integer >= 0", lambda v: v >= 0)
+ABOVE_ZERO = Limit("> 0", lambda v: v > 0)
+
+
+def one_of(choices: tuple[str, ...]) -> Limit:
+    return Limit(f"one of {', '.join(choices)}", lambda v: v in choices)
+
+
+def key(default=dataclasses.MISSING, doc: str = "", limit: Limit | None = None, *, factory=dataclasses.MISSING,
+        required: bool = False):
+    """A config field: its default, the line the keys page gives it, its limit, and whether conf/ must set it (the
+    registered default is then Hydra's `???`)."""
+    return field(default=default, default_factory=factory,
+                 metadata={"doc": doc, "limit": limit, "required": required})
+
+
+def check_limits(obj, where: str, error: type[Exception]) -> None:
+    """Every field's limit (its metadata), after check_types: one line naming the first key outside its limit."""
+    for f in dataclasses.fields(obj):
+        limit, value = f.metadata.get("limit"), getattr(obj, f.name)
+        if limit is not None and not limit.holds(value):
+            raise error(f"{where}.{f.name} must be {limit.says}, got {value!r}")
+
+
+def registered(cls) -> dict:
+    """A config dataclass's defaults as YAML would hold them (`???` where conf/ must set the key): the node
+    launcher.settings registers with Hydra's ConfigStore, so no YAML file copies them."""
+    out = {"kind": cls.kind} if hasattr(cls, "kind") else {}
+    for f in dataclasses.fields(cls):
+        value = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        out[f.name] = "???" if f.metadata.get("required") else list(value) if isinstance(value, tuple) else value
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,41 +100,38 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class SyntheticData:
-    """The known-floor Markov source (train.data.sources.SyntheticSource); vocab None means min(model vocab, 512)."""
+    """A seeded Markov chain, whose entropy rate gives the best achievable perplexity, reported beside ours. Drawn
+    by train.data.sources.SyntheticSource."""
 
     kind: ClassVar[str] = "synthetic"
-    vocab: int | None = None
-    branching: int = 8
-    eval_sequences: int = 64
+    vocab: int | None = key(None, "tokens of the chain (null: min(model vocab, 512))",
+                            Limit("a positive integer", lambda v: v is None or v >= 1))
+    branching: int = key(8, "successors per token", POSITIVE)
+    eval_sequences: int = key(64, "held-out sequences", POSITIVE)
 
     def validate(self) -> None:
-        for key in ("vocab", "branching", "eval_sequences"):
-            value = getattr(self, key)
-            if not (value is None and key == "vocab") and (not _is_int(value) or value < 1):
-                raise DataError(f"data.{key} must be a positive integer, got {value!r}")
+        check_types(self, "data", DataError)
+        check_limits(self, "data", DataError)
 
 
 @dataclass(frozen=True)
 class TextData:
-    """Local text files packed into blocks with a local tokenizer (train.data.sources.TextSource)."""
+    """Local text (.txt, .jsonl, .parquet) packed into blocks with a tokenizer from a local directory. Read by
+    train.data.sources.TextSource."""
 
     kind: ClassVar[str] = "text"
     SUFFIXES: ClassVar[tuple[str, ...]] = (".txt", ".jsonl", ".parquet")
-    paths: list[str] = field(default_factory=list)
-    tokenizer: str = ""
-    eval_fraction: float = 0.01
-    text_key: str = "text"
+    paths: list[str] = key(doc="files or directories, e.g. [/data/clean_mc4_it]",
+                           limit=Limit("a non-empty list of paths", lambda v: len(v) > 0), factory=list,
+                           required=True)
+    tokenizer: str = key("", "a local tokenizer directory (nothing is downloaded)",
+                         Limit("a local directory path", lambda v: v != ""), required=True)
+    eval_fraction: float = key(0.01, "tail blocks held out for evaluation", Limit("in (0, 1)", lambda v: 0 < v < 1))
+    text_key: str = key("text", "field/column holding the text in jsonl/parquet")
 
     def validate(self) -> None:
-        if not isinstance(self.paths, list) or not self.paths or not all(isinstance(p, str) for p in self.paths):
-            raise DataError(f"data.paths must be a non-empty list of paths, got {self.paths!r}")
-        if not isinstance(self.tokenizer, str) or not self.tokenizer:
-            raise DataError(f"data.tokenizer must be a local directory path, got {self.tokenizer!r}")
-        fraction = self.eval_fraction
-        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 < fraction < 1:
-            raise DataError(f"data.eval_fraction must be in (0, 1), got {fraction!r}")
-        if not isinstance(self.text_key, str):
-            raise DataError(f"data.text_key must be a string, got {self.text_key!r}")
+        check_types(self, "data", DataError)
+        check_limits(self, "data", DataError)
 
     def files(self) -> list[Path]:
         """The text files the paths name, in a fixed order; missing paths or tokenizer directory are named.
@@ -164,23 +205,20 @@ def describe(hint) -> str:
 
 @dataclass(frozen=True)
 class TokensData:
-    """A directory prepared by `python -m train.data.prepare`, memory-mapped and drawn without replacement
-    (train.data.tokens.TokensSource)."""
+    """A directory prepared once by `python -m train.data.prepare` (docs/training.md): every rank memory-maps its
+    shards, and one epoch draws each block once (train.data.tokens.TokensSource)."""
 
     kind: ClassVar[str] = "tokens"
-    path: str = ""
-    tokenizer: str | None = None  # when set, it must be the tokenizer the directory was prepared with
-    epochs: float | None = None  # when set, train.steps must cover exactly this many epochs (checked before runs)
+    path: str = key("", "the --out directory of python -m train.data.prepare",
+                    Limit("a directory prepared by python -m train.data.prepare", lambda v: v != ""), required=True)
+    tokenizer: str | None = key(None, "optional: refused unless it is the tokenizer the directory was prepared with",
+                                Limit("a local directory path or null", lambda v: v is None or v != ""))
+    epochs: float | None = key(None, "optional: train.steps must cover exactly this many epochs (checked before "
+                                     "submission)", Limit("a number > 0 or null", lambda v: v is None or v > 0))
 
     def validate(self) -> None:
-        if not isinstance(self.path, str) or not self.path:
-            raise DataError(f"data.path must be a directory prepared by python -m train.data.prepare, "
-                            f"got {self.path!r}")
-        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
-            raise DataError(f"data.tokenizer must be a local directory path or null, got {self.tokenizer!r}")
-        if self.epochs is not None and (isinstance(self.epochs, bool) or not isinstance(self.epochs, (int, float))
-                                        or not self.epochs > 0):
-            raise DataError(f"data.epochs must be a number > 0 or null, got {self.epochs!r}")
+        check_types(self, "data", DataError)
+        check_limits(self, "data", DataError)
 
 
 DataSection = SyntheticData | TextData | TokensData
@@ -204,7 +242,3 @@ def data_section(raw: Mapping) -> DataSection:
 
 def data_to_dict(section: DataSection) -> dict:
     return {"kind": section.kind, **dataclasses.asdict(section)}
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
