@@ -81,6 +81,7 @@ class RunSpec:
         self.train.validate()
         check_model_parallel(self.model.llama_kwargs, self.train.tp, self.train.pp)
         if self.federated:
+            self.train.outer = STRATEGIES[self.strategy].exchange or self.train.outer
             if self.F < 2:
                 raise SpecError(f"{self.strategy} needs F >= 2 federation groups, got F = {self.F}")
             if not isinstance(self.A, int) or isinstance(self.A, bool) or self.A < 1:

@@ -2,7 +2,8 @@
 whether ranks form F federation groups that average every A steps (federated) and whether each group holds R
 replicas of its shard group on a 2-D replicate x shard mesh (replicated); every rule the launcher and the trainer
 apply to a strategy (its grid on some nodes, the layouts the ranking tries, how it shrinks onto fewer nodes, its
-data-parallel mesh, the (F, R) it accepts, its name in the paper's tables) is derived from those two here.
+data-parallel mesh, the (F, R) it accepts, its name in the paper's tables) is derived from those two here. A row
+may also fix the outer step its groups exchange (DiLoCo over HSDP groups as a strategy of its own, say).
 Torch-free, so the launcher plans without importing torch."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ class Strategy:
     label: str       # as the paper's tables print it: FL+HSDP
     federated: bool  # F >= 2 federation groups, an outer step (FedAvg or DiLoCo) every A steps
     replicated: bool  # R replicas of the shard group inside a group (HSDP's 2-D mesh)
+    exchange: str | None = None  # the outer step the row fixes (a train.outer value: diloco); None: train.outer's
 
     @property
     def chooses_F(self) -> bool:
