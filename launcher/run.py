@@ -163,7 +163,7 @@ class Sweeper:
                 last = time.monotonic()
                 print(self._progress(), flush=True)
             if self.running:
-                time.sleep(self.settings.poll_s)
+                time.sleep(self.scheduler.poll_interval(self.settings.poll_s))
 
     def _changed(self, run_id: str, job, state: str) -> None:
         """Record a job's new state, and where it runs. SLURM requeues a batch job whose node went down; it then

@@ -43,6 +43,9 @@ SBATCH_TRANSIENT = ("temporarily unavailable", "Socket timed out", "Unable to co
                     "Slurm temporarily unable")
 
 
+LOCAL_POLL_S = 0.25
+
+
 class Scheduler:
     """What the launcher asks of wherever its jobs run."""
 
@@ -51,6 +54,10 @@ class Scheduler:
 
     def __init__(self, cluster: Cluster):
         self.cluster = cluster
+
+    def poll_interval(self, poll_s: float) -> float:
+        """Seconds between polls while waiting: poll_s, which spares a shared scheduler (slurmctld)."""
+        return poll_s
 
     @property
     def sequential(self) -> bool:
@@ -132,7 +139,7 @@ class Scheduler:
             after_poll(state)
             if done:
                 return state
-            time.sleep(poll_s)
+            time.sleep(self.poll_interval(poll_s))
 
 
 class ReattachedLocalJob(submitit.LocalJob):
@@ -173,6 +180,11 @@ class Local(Scheduler):
     run's ranks (train.runtime.forked_ranks)."""
 
     runs_here = True
+
+    def poll_interval(self, poll_s: float) -> float:
+        """At most LOCAL_POLL_S: a local job's state is its own process's, free to ask, and on a machine running
+        one run at a time every second between a run's end and the next one's start is lost."""
+        return min(poll_s, LOCAL_POLL_S)
 
     def topology(self) -> tuple[Topology, str, bool]:
         return topology.virtual(self.cluster)

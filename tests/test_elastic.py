@@ -60,6 +60,7 @@ def test_an_fl_run_resumes_on_fewer_groups_from_the_last_average(tmp_path):
     assert result.tokens == (20 * 4 + 20 * 2) * 2 * 32  # every attempt's world, steps x ranks x batch x seq
 
 
+@pytest.mark.slow
 def test_fsdp_resumes_on_fewer_shards_and_dcp_reshards_parameters_and_moments(tmp_path):
     # Parameters and AdamW moments resharded from 4 shards to 2: a wrong reshard would start from scrambled
     # weights, far above even the initial loss.

@@ -14,6 +14,7 @@ def _probe(rank, world):
     return measure(rank, LEVELS, SIZES, COLLECTIVES, iters=5)
 
 
+@pytest.mark.slow
 def test_probe_times_every_level_and_collective_on_gloo_ranks():
     results = run_ranks(_probe, 4)
     assert all(r == results[0] for r in results)  # every rank returns the slowest rank's numbers
