@@ -21,7 +21,7 @@ from pathlib import Path
 
 import submitit
 
-from launcher.errors import SubmitError
+from launcher.errors import ConfigError, SubmitError
 from launcher.placement import topology
 from launcher.placement.topology import Topology
 from launcher.settings import Cluster
@@ -227,6 +227,12 @@ class Slurm(Scheduler):
     time, setup lines and extra sbatch parameters."""
 
     reads_topology = True
+
+    def __init__(self, cluster: Cluster):
+        if not cluster.partition:
+            raise ConfigError(f"cluster {cluster.name!r} has no partition: set cluster.partition=NAME "
+                              f"(see `sinfo -s` for the partitions you can use)")
+        super().__init__(cluster)
 
     def check_environment(self) -> None:
         super().check_environment()

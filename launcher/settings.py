@@ -124,9 +124,6 @@ class Cluster:
             raise ConfigError(f"cluster.topology must be auto, live or ideal, got {self.topology!r}")
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"cluster.placement must be one of {', '.join(PLACEMENTS)}, got {self.placement!r}")
-        if self.executor == "slurm" and not self.partition:
-            raise ConfigError(f"cluster {self.name!r} has no partition: set cluster.partition=NAME "
-                              f"(see `sinfo -s` for the partitions you can use)")
         return self
 
 
