@@ -105,5 +105,5 @@ def test_the_shared_machine_note_names_local_and_testbed_clusters_only():
     assert "cluster=local: every rank runs on one machine (the local executor)" in \
         notes(name="local", executor="local", network=None)
     assert "cluster=testbed: every rank runs on one machine (the testbed's nodes are network namespaces of it)" in \
-        notes(name="testbed", executor="slurm", network={"subnet": "10.210.0"})
-    assert "one machine" not in notes(name="leonardo", executor="slurm", network=None)
+        notes(name="testbed", executor="slurm", partition="gpu", network={"subnet": "10.210.0"})
+    assert "one machine" not in notes(name="leonardo", executor="slurm", partition="boost_usr_prod", network=None)
