@@ -94,6 +94,7 @@ def _layouts(rank, world):
     return calibrate_layouts(rank, [LAYOUT, {**LAYOUT, "pp": 3, "tp": 1, "microbatches": 3}], iters=2, repeats=3)
 
 
+@pytest.mark.slow
 def test_a_layout_is_measured_in_place_and_one_the_ranks_cannot_hold_is_skipped():
     """4 gloo ranks time the pp = 2 x tp = 2 stage step (gpipe, 2 microbatches); pp = 3 does not divide them."""
     results = run_ranks(_layouts, 4)

@@ -54,6 +54,7 @@ def test_torchrun_four_ranks_fl_hsdp(tmp_path):
     _check_result(tmp_path / "run", world=4, steps=7, aggregations=3)
 
 
+@pytest.mark.slow
 def test_slurm_env_rendezvous_on_rank0_host_without_master_addr(tmp_path):
     spec = _spec(tmp_path)
     procs = [subprocess.Popen([sys.executable, "-m", "train", str(spec)],
