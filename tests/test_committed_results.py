@@ -174,3 +174,29 @@ def test_action_plan_rebuilds_the_committed_rankings(cluster, tmp_path):
         expected = runs[run["run_id"]].pop("memory")
         assert memory == expected | {k: memory[k] for k in ("dryrun_peak_bytes", "dryrun_after_training_bytes")}
         assert run == runs[run["run_id"]]
+
+
+def test_the_plans_readme_faces_the_paper_with_numbers_from_plan_json():
+    """results/plans/README.md's table against the paper, recomputed here from the committed plan.json and the
+    paper's Table 3 (launcher.report.paper.TABLES), without the report code: every cell as printed."""
+    from launcher.report.paper import TABLES
+
+    readme = (RESULTS / "plans" / "README.md").read_text()
+    block = readme.split("<!-- against-paper -->")[1].split("<!-- /against-paper -->")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.strip().splitlines()[2:]]
+    plan = json.loads((RESULTS / "plans" / "leonardo" / "paper_table3" / "plan.json").read_text())
+    labels = {"fsdp": "FSDP", "hsdp": "HSDP", "fl_fsdp": "FL+FSDP", "fl_hsdp": "FL+HSDP"}
+    paper_order = sorted(TABLES, key=lambda s: TABLES[s]["train_time_s"])
+    ranking = [(r["strategy"], r["F"], r["R"], r["S"], r["A"], r["pp"], r["tp"]) for r in plan["ranking"]]
+    fsdp_step = next(r["predicted_step_s"] for r in plan["runs"] if r["strategy"] == "fsdp")
+    expected = []
+    for run in plan["runs"]:
+        s = run["strategy"]
+        predicted = run["train"]["steps"] * run["predicted_step_s"]
+        paper = TABLES[s]["train_time_s"]
+        expected.append([labels[s], f"({run['F']},{run['R']},{run['S']})", str(run["A"] or "–"), f"{paper:.2f}",
+                         str(paper_order.index(s) + 1), f"{predicted:.1f}", f"{predicted / paper:.3f}",
+                         str(ranking.index((s, run["F"], run["R"], run["S"], run["A"], 1, 1)) + 1),
+                         f"{fsdp_step / run['predicted_step_s']:.2f}", f"{TABLES['fsdp']['train_time_s'] / paper:.2f}"])
+    assert rows == expected
+    assert f"among the {len(ranking)} of plan.json" in readme and len(ranking) == 468
