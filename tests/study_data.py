@@ -1,11 +1,15 @@
 """The studies' headline figures, recomputed from the committed runs (tests/test_studies.py checks that each
-study's README quotes them): seed-paired ratios between any two configurations, also across two sweeps."""
+study's README quotes them): seed-paired ratios between any two configurations, also across two sweeps, by a
+second implementation (SciPy's Student t interval), not the report's launcher.report.stats."""
 from __future__ import annotations
 
 import csv
 import json
+import math
 
-from launcher.report.stats import paired_ratio
+import numpy as np
+from scipy import stats
+
 from tests.support import ROOT
 
 RESULTS = ROOT / "results"
@@ -27,7 +31,16 @@ def ratio(key: str, base: dict[int, dict], other: dict[int, dict]) -> tuple[floa
     """base's `key` / other's, a geometric mean over the seeds both ran (at least 3) with its 95 % interval."""
     seeds = sorted(base.keys() & other.keys())
     assert len(seeds) >= 3, f"only seeds {seeds} to pair"
-    return paired_ratio([base[s][key] for s in seeds], [other[s][key] for s in seeds])
+    return log_interval([base[s][key] / other[s][key] for s in seeds])
+
+
+def log_interval(ratios: list[float]) -> tuple[float, float, float]:
+    """The geometric mean of `ratios` and its 95 % interval: SciPy's Student t interval of the mean log ratio."""
+    logs = np.log(ratios)
+    if stats.sem(logs) == 0:  # every pair the same ratio: SciPy's interval of zero width is nan
+        return (math.exp(logs.mean()),) * 3
+    low, high = stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
+    return math.exp(logs.mean()), math.exp(low), math.exp(high)
 
 
 def cell(r: tuple[float, float, float], digits: int = 3) -> str:

@@ -3,6 +3,8 @@ import math
 import statistics
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from launcher.report.stats import ci_half_width, paired_ratio, t_quantile
 
@@ -36,3 +38,13 @@ def test_paired_ratio_is_a_geometric_mean_with_a_log_interval():
     assert paired_ratio([3.0], [2.0]) == (pytest.approx(1.5), None, None)
     with pytest.raises(ValueError):
         paired_ratio([1.0, 2.0], [1.0])
+
+
+@given(st.lists(st.tuples(st.floats(0.5, 2000.0), st.floats(0.5, 2000.0)), min_size=3, max_size=12))
+def test_paired_ratio_agrees_with_scipys_t_interval(pairs):
+    """The report's interval (its own t quantile by bisection) against a second implementation: SciPy's."""
+    from tests.study_data import log_interval
+
+    base, other = [b for b, _ in pairs], [o for _, o in pairs]
+    ours, scipys = paired_ratio(base, other), log_interval([b / o for b, o in pairs])
+    assert ours == pytest.approx(scipys, rel=1e-9)
