@@ -200,3 +200,17 @@ def test_the_plans_readme_faces_the_paper_with_numbers_from_plan_json():
                          f"{fsdp_step / run['predicted_step_s']:.2f}", f"{TABLES['fsdp']['train_time_s'] / paper:.2f}"])
     assert rows == expected
     assert f"among the {len(ranking)} of plan.json" in readme and len(ranking) == 468
+
+
+@pytest.mark.parametrize("sweep,kind", [("scaling_weak", "weak"), ("scaling_strong", "strong")])
+def test_the_front_pages_step_time_bullet_includes_the_scaling_sweeps(sweep, kind):
+    """README.md's step-time bullet quotes each scaling sweep's registered predictions as its prediction.csv gives
+    them: how many within ±20 %, the worst error and the mean |error|."""
+    rows = list(csv.DictReader((RESULTS / "testbed" / sweep / "prediction.csv").read_text().splitlines()))
+    assert rows and {row["basis"] for row in rows} == {"registered"}
+    errors = [float(row["error"]) for row in rows]
+    worst = max(errors, key=abs)
+    mean = sum(map(abs, errors)) / len(errors)
+    quoted = (f"{kind} scaling {sum(abs(e) <= 0.2 for e in errors)} of {len(rows)} within ±20 % (worst "
+              f"{worst * 100:+.1f} %, mean |error| {mean * 100:.1f} %)")
+    assert quoted in " ".join((ROOT / "README.md").read_text().split())
