@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from launcher import record
 from train.common import FedshardError
 
 HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "-c", "--cfg", "-p", "--package", "--resolve",
@@ -108,7 +109,7 @@ def main(argv: list[str]) -> int:
         if "--version" in argv:
             print(version())
             return 0
-        argv = config_dirs(argv)
+        argv = record.recorded(config_dirs(argv))
         check_words(argv)
     except FedshardError as exc:
         print(f"fedshard: error: {exc}", file=sys.stderr)
@@ -126,7 +127,7 @@ def main(argv: list[str]) -> int:
             settings, runs = multirun.expand_points(fixed, axes) if axes else (compose(fixed), None)
         else:
             settings = compose(argv)
-        return act(Experiment(settings, runs))
+        return act(Experiment(settings, runs, argv))
     except FedshardError as exc:  # anything else is a bug: its traceback is kept
         print(f"fedshard: error: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from launcher.sweep import Run, expand
 class Experiment:
     settings: Settings
     given: list[Run] | None = None  # a multirun's runs, every point's
+    command: list[str] | None = None  # the words typed, kept in the sweep directory by the actions that run
 
     @functools.cached_property
     def runs(self) -> list[Run]:
@@ -24,7 +25,7 @@ class Experiment:
 def _run(e: Experiment) -> int:
     from launcher.run import run_sweep
 
-    return run_sweep(e.settings, e.runs)
+    return run_sweep(e.settings, e.runs, e.command)
 
 
 def _plan(e: Experiment) -> int:
@@ -55,7 +56,7 @@ def _probe(e: Experiment) -> int:
 def _validate(e: Experiment) -> int:
     from launcher.validate import validate
 
-    return validate(e.settings, e.runs)
+    return validate(e.settings, e.runs, e.command)
 
 
 def _prepare(e: Experiment) -> int:

@@ -9,6 +9,7 @@ from launcher import scheduler as schedulers
 from launcher.lock import SweepLock
 from launcher.plan import place_one, plan, usable_nodes
 from launcher.prediction import probe_file
+from launcher.record import record
 from launcher.registry import FILE, Registry
 from launcher.report import wandb_log
 from launcher.report.write import outputs, write_report
@@ -261,8 +262,9 @@ class Sweeper:
                 self.wait(len(todo))
 
 
-def run_sweep(settings: Settings, runs: list[Run] | None = None) -> int:
-    """`runs`: the sweep's runs when given (a multirun's, over all its points), else expand(settings)."""
+def run_sweep(settings: Settings, runs: list[Run] | None = None, command: list[str] | None = None) -> int:
+    """`runs`: the sweep's runs when given (a multirun's, over all its points), else expand(settings); `command`:
+    the words typed, recorded in the sweep directory once its plan is written (launcher.record)."""
     scheduler = schedulers.of(settings.cluster)
     scheduler.quiet()  # submitit warns whenever sacct has no data (no accounting); Slurm.done copes without it
     runs = expand(settings) if runs is None else runs
@@ -278,6 +280,8 @@ def run_sweep(settings: Settings, runs: list[Run] | None = None) -> int:
                                                         settings.cluster.rank_order)
     with SweepLock(settings.sweep_dir):
         planned, entries = plan(settings, runs, echo=False)
+        if command is not None:
+            record(settings.sweep_dir, command)
         sweeper = Sweeper(settings, Registry(settings.sweep_dir, entries, settings.cluster.rank_order,
                                              probe_file(settings)))
         try:

@@ -10,7 +10,7 @@ from launcher.settings import Settings
 from launcher.sweep import expand
 
 
-def validate(settings: Settings, runs: list | None = None) -> int:
+def validate(settings: Settings, runs: list | None = None, command: list[str] | None = None) -> int:
     if settings.cluster.probe is not None:
         raise ConfigError("action=validate probes this cluster itself, before the runs; unset cluster.probe (a probe "
                           "picked among several is a calibration chosen afterwards)")
@@ -21,4 +21,4 @@ def validate(settings: Settings, runs: list | None = None) -> int:
                           f"results of {len(done)} ({done[0]}{', ...' if len(done) > 1 else ''}): use a fresh "
                           f"results_dir")
     probe(settings, runs)
-    return run_sweep(settings, runs)
+    return run_sweep(settings, runs, command)

@@ -13,40 +13,18 @@ from tests import forked
 from tests.study_data import RESULTS, table3
 from tests.support import ROOT, clean_env
 
-# each committed sweep directory (under results/) -> what names it on the command line
-COMMITTED = {
-    "local/batch_control_reference": ["sweep=batch_control_reference"],
-    "local/batch_control_small": ["sweep=batch_control_small"],
-    "local/precision_fp32": ["sweep=precision_fp32"],
-    "local/precision_paper": ["sweep=precision_paper"],
-    "testbed/agg_tradeoff": ["sweep=agg_tradeoff", "cluster=testbed"],
-    "testbed/diloco": ["-m", "sweep=diloco", "cluster=testbed", "train.aggregation_dtype=fp32,int8"],
-    "testbed/scaling_strong": ["sweep=scaling_strong", "cluster=testbed"],
-    "testbed/scaling_weak": ["sweep=scaling_weak", "cluster=testbed"],
-    "testbed/testbed_table3": ["sweep=testbed_table3", "cluster=testbed"],
-    "testbed/validation_slurm_mini": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini",
-                                      "cluster=testbed"],
-    "testbed/validation_slurm_mini_seq128": ["sweep=testbed_validation", "sweep.name=validation_slurm_mini_seq128",
-                                             "cluster=testbed"],
-    "testbed/validation_slurm_tiny": ["sweep=testbed_validation", "sweep.name=validation_slurm_tiny",
-                                      "cluster=testbed"],
-    "testbed/validation_topology_mini": ["sweep=testbed_validation", "sweep.name=validation_topology_mini",
-                                         "cluster=testbed"],
-    "testbed/validation_topology_tiny": ["sweep=testbed_validation", "sweep.name=validation_topology_tiny",
-                                         "cluster=testbed"],
-    "testbed/validation_model_parallel": ["sweep=testbed_validation", "sweep.name=validation_model_parallel",
-                                          "cluster=testbed"],
-    "testbed/validation_model_parallel_inplace": ["sweep=testbed_validation",
-                                                  "sweep.name=validation_model_parallel_inplace", "cluster=testbed"],
-    "testbed/validation_model_parallel_mha": ["sweep=testbed_validation", "sweep.name=validation_model_parallel_mha",
-                                              "cluster=testbed"],
-}
+# each committed sweep directory (under results/), named by the command that made it: its command.txt
+COMMITTED = sorted(str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/command.txt"))
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv", "scaling.csv")
 
 
-def test_every_committed_sweep_is_rebuilt_here():
+def test_every_committed_sweep_records_the_command_that_made_it():
     found = {str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/manifest.jsonl")}
     assert found == set(COMMITTED)
+    for where in COMMITTED:
+        [line] = (RESULTS / where / "command.txt").read_text().splitlines()
+        assert line.startswith("python -m launcher ") and f"sweep.name={where.split('/')[1]}" in line \
+            or f"sweep={where.split('/')[1]}" in line.split(), where
 
 
 @pytest.mark.parametrize("where", sorted(COMMITTED))
@@ -58,7 +36,7 @@ def test_report_rebuilds_the_committed_tables(where, tmp_path):
     shutil.copytree(committed, tmp_path / where)
     for name in REBUILT:
         (tmp_path / where / name).unlink(missing_ok=True)
-    proc = forked.run("launcher", "action=report", f"results_dir={tmp_path}", *COMMITTED[where], cwd=ROOT,
+    proc = forked.run("launcher", "action=report", f"results_dir={tmp_path / where}", cwd=ROOT,  # its record alone
                       env=clean_env(slurm_client=False), timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     for name in REBUILT:
@@ -119,7 +97,7 @@ def test_testbed_readme_quotes_each_validation_as_its_data_gives_it(where):
 def test_a_sweep_readme_gives_the_command_that_rebuilds_it(where):
     """Each study sweep's README says how it was made (command, commit, machine, date) and how to rebuild it."""
     readme = (RESULTS / where / "README.md").read_text()
-    assert f"`python -m launcher action=report {' '.join(COMMITTED[where])}`" in readme
+    assert f"`python -m launcher action=report results_dir=results/{where}`" in readme
     assert re.search(r"^    (slurm/testbed/lab )?python -m launcher .*sweep=", readme, re.M)  # the command that ran
     for line in ("- Commit: ", "- Machine: ", "- Date: 2026-", "- What it shows: "):
         assert line in readme, line

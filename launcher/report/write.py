@@ -77,8 +77,8 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None,
 def outputs(sweep_dir: Path, written: list[Path]) -> str:
     """Where everything is, for the last lines a user reads."""
     sweep_dir = Path(sweep_dir)
-    beside = [name for name in ("plan.json", "topology.json", "manifest.jsonl", "probe.json", "target.json")
-              if (sweep_dir / name).exists()]
+    beside = [name for name in ("plan.json", "topology.json", "manifest.jsonl", "command.txt", "probe.json",
+                                "target.json") if (sweep_dir / name).exists()]
     return (f"outputs in {sweep_dir}/: {', '.join(p.name for p in written)}"
             + (f"; {', '.join(beside)}" if beside else "")
             + "; per run: <run_id>/result.json, metrics.jsonl, evals.jsonl, spec.json, prediction.json (registered "
