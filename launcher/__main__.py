@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         if "--version" in argv:
             print(version())
             return 0
-        argv = record.recorded(config_dirs(argv))
+        argv, replayed = record.recorded(config_dirs(argv))
         check_words(argv)
     except FedshardError as exc:
         print(f"fedshard: error: {exc}", file=sys.stderr)
@@ -127,6 +127,7 @@ def main(argv: list[str]) -> int:
             settings, runs = multirun.expand_points(fixed, axes) if axes else (compose(fixed), None)
         else:
             settings = compose(argv)
+        record.check(settings.sweep_dir, replayed)
         return act(Experiment(settings, runs, argv))
     except FedshardError as exc:  # anything else is a bug: its traceback is kept
         print(f"fedshard: error: {exc}", file=sys.stderr)

@@ -24,20 +24,27 @@ def record(sweep_dir: Path, argv: list[str]) -> None:
         write_atomic(path, "\n".join([*lines, line]) + "\n")
 
 
-def recorded(argv: list[str]) -> list[str]:
+def recorded(argv: list[str]) -> tuple[list[str], Path | None]:
     """`action=report results_dir=DIR` alone, where DIR is a sweep directory with a record: the recorded command's
-    own words (less how it ran: NOT_NAMING) with action=report and DIR's results_dir; any other argv as it is."""
-    words = {a.split("=", 1)[0]: a.split("=", 1)[1] for a in argv if "=" in a}
-    if set(argv) != {f"action={words.get('action')}", f"results_dir={words.get('results_dir')}"} \
-            or words["action"] != "report":
-        return argv
-    sweep_dir = Path(words["results_dir"]).expanduser().resolve()
+    own words (less how it ran: NOT_NAMING) with action=report and DIR's results_dir, and DIR, which the composed
+    settings must name again (check); any other argv as it is, and None."""
+    given = dict(a.split("=", 1) for a in argv if "=" in a)
+    if len(argv) != 2 or given.get("action") != "report" or "results_dir" not in given:
+        return argv, None
+    sweep_dir = Path(given["results_dir"]).expanduser().resolve()
     path = sweep_dir / FILE
     if not path.exists():
-        return argv
+        return argv, None
     first = path.read_text().splitlines()[0]
     if not first.startswith(PREFIX):
         raise ConfigError(f"{path}: its first line is not a `{PREFIX.strip()}` command: {first[:80]!r}")
     own = [w for w in shlex.split(first[len(PREFIX):]) if not w.startswith(NOT_NAMING)]
     print(f"fedshard: the report of {sweep_dir.name}, named by {path}: {shlex.join(own)}", flush=True)
-    return [*own, "action=report", f"results_dir={sweep_dir.parent.parent}"]
+    return [*own, "action=report", f"results_dir={sweep_dir.parent.parent}"], sweep_dir
+
+
+def check(sweep_dir: Path, replayed: Path | None) -> None:
+    """A replayed record must name the directory it was read from (a renamed copy names another)."""
+    if replayed is not None and sweep_dir.resolve() != replayed:
+        raise ConfigError(f"{replayed / FILE} names the sweep directory {sweep_dir}, not {replayed}: run the "
+                          f"report with the recorded words and a results_dir whose <cluster>/<sweep> is this one")

@@ -6,6 +6,7 @@ mistake becomes one line and exit code 2, and so one invocation is one sweep.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 import shlex
@@ -274,6 +275,7 @@ def group_options(group: str, overrides: list[str]) -> list[str]:
 REGISTERED = {"train": {"base": TrainConfig}, "data": {cls.kind: cls for cls in DATA_KINDS.values()}}
 
 
+@functools.cache  # ConfigStore is the process's: once is enough, however often compose runs
 def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 

@@ -23,8 +23,9 @@ def test_every_committed_sweep_records_the_command_that_made_it():
     assert found == set(COMMITTED)
     for where in COMMITTED:
         [line] = (RESULTS / where / "command.txt").read_text().splitlines()
-        assert line.startswith("python -m launcher ") and f"sweep.name={where.split('/')[1]}" in line \
-            or f"sweep={where.split('/')[1]}" in line.split(), where
+        name = where.split("/")[1]
+        assert line.startswith("python -m launcher "), where
+        assert f"sweep.name={name}" in line.split() or f"sweep={name}" in line.split(), where
 
 
 @pytest.mark.parametrize("where", sorted(COMMITTED))

@@ -21,12 +21,16 @@ def test_report_of_a_sweep_directory_replays_its_record(tmp_path, capsys):
                                            "results_dir=results poll_s=1 action=validate 'sweep.A=[4]' "
                                            "sweep.name=validation_x\n")
     argv = ["action=report", f"results_dir={sweep_dir}"]
-    assert record.recorded(argv) == ["sweep=testbed_validation", "cluster=testbed", "sweep.A=[4]",
-                                     "sweep.name=validation_x", "action=report", f"results_dir={tmp_path}"]
+    assert record.recorded(argv) == (["sweep=testbed_validation", "cluster=testbed", "sweep.A=[4]",
+                                      "sweep.name=validation_x", "action=report", f"results_dir={tmp_path}"],
+                                     sweep_dir.resolve())
     assert "named by" in capsys.readouterr().out
-    assert record.recorded([*argv, "sweep=smoke"]) == [*argv, "sweep=smoke"]  # other words: as typed
-    assert record.recorded(["action=report", f"results_dir={tmp_path}"]) == ["action=report",
-                                                                             f"results_dir={tmp_path}"]  # no record
+    assert record.recorded([*argv, "sweep=smoke"]) == ([*argv, "sweep=smoke"], None)  # other words: as typed
+    bare = ["action=report", f"results_dir={tmp_path}"]
+    assert record.recorded(bare) == (bare, None)  # no record there
+    record.check(sweep_dir, sweep_dir.resolve())
+    with pytest.raises(ConfigError, match="names the sweep directory .*other"):  # a renamed copy
+        record.check(tmp_path / "testbed" / "other", sweep_dir.resolve())
     (sweep_dir / "command.txt").write_text("rm -rf /\n")
     with pytest.raises(ConfigError, match="is not a `python -m launcher` command"):
         record.recorded(argv)

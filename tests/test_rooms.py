@@ -13,7 +13,7 @@ def test_train_top_level_holds_only_the_entrypoint_the_contract_and_common():
     assert {p.name for p in train.iterdir() if p.is_dir() and p.name != "__pycache__"} == ROOMS
     for room in ROOMS:
         assert (train / room / "__init__.py").read_text().startswith('"""'), room  # says what the room holds
-        assert not list((train / room).glob("*/")) or all(p.name == "__pycache__" for p in (train / room).glob("*/"))
+        assert {p.name for p in (train / room).iterdir() if p.is_dir()} <= {"__pycache__"}, room  # one level
 
 
 def test_shared_helpers_have_one_home():

@@ -71,12 +71,12 @@ def test_a_fifth_row_is_planned_run_and_reported_with_no_other_change(monkeypatc
     planned = {r["run_id"]: r for r in plan["runs"]}
     assert set(planned) == {"fl_hsdp-F2-R2-S2-A2", "diloco_hsdp-F2-R2-S2-A2"}
     assert planned["diloco_hsdp-F2-R2-S2-A2"]["predicted_step_s"] > 0
-    results = {}
-    for run in expand(compose(sweep)):
+    runs, results = {run.spec.strategy: run for run in expand(compose(sweep))}, {}
+    for run in runs.values():
         raw = run.spec.to_dict()
         results[run.run_id] = run_ranks(_rank_with_row, run.spec.world_size, fields, raw)[0]
         assert raw["train"]["outer"] == ("diloco" if run.spec.strategy == "diloco_hsdp" else "fedavg")
-    as_diloco = {**expand(compose(sweep))[0].spec.to_dict(), "out_dir": str(tmp_path / "fl_hsdp_diloco")}
+    as_diloco = {**runs["fl_hsdp"].spec.to_dict(), "out_dir": str(tmp_path / "fl_hsdp_diloco")}
     as_diloco["train"]["outer"] = "diloco"
     reference = uninterrupted(as_diloco)
     row_run, fedavg_run = results["diloco_hsdp-F2-R2-S2-A2"], results["fl_hsdp-F2-R2-S2-A2"]

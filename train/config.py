@@ -21,8 +21,7 @@ from train.sections import (
     DATA_KINDS,
     POSITIVE,
     Limit,
-    check_limits,
-    check_types,
+    check_fields,
     describe,
     key,
     one_of,
@@ -161,8 +160,7 @@ class TrainConfig(Timing, Evaluation, Checkpoints, Parallelism, OuterStep, Numer
     10 % warm-up, cosine)."""
 
     def validate(self) -> None:
-        check_types(self, "train", SpecError)
-        check_limits(self, "train", SpecError)
+        check_fields(self, "train", SpecError)
         profiling.window(self.profile, self.steps)
         if self.aggregation_dtype != "fp32" and self.average_optimizer_state:
             raise SpecError(f"train.aggregation_dtype={self.aggregation_dtype} compresses pseudo-gradients, which "

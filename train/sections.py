@@ -52,8 +52,10 @@ def key(default=dataclasses.MISSING, doc: str = "", limit: Limit | None = None, 
                  metadata={"doc": doc, "limit": limit, "required": required})
 
 
-def check_limits(obj, where: str, error: type[Exception]) -> None:
-    """Every field's limit (its metadata), after check_types: one line naming the first key outside its limit."""
+def check_fields(obj, where: str, error: type[Exception]) -> None:
+    """Every field of its annotated type (check_types), then within its limit (its metadata): one line naming the
+    first key that is not."""
+    check_types(obj, where, error)
     for f in dataclasses.fields(obj):
         limit, value = f.metadata.get("limit"), getattr(obj, f.name)
         if limit is not None and not limit.holds(value):
@@ -109,10 +111,6 @@ class SyntheticData:
     branching: int = key(8, "successors per token", POSITIVE)
     eval_sequences: int = key(64, "held-out sequences", POSITIVE)
 
-    def validate(self) -> None:
-        check_types(self, "data", DataError)
-        check_limits(self, "data", DataError)
-
 
 @dataclass(frozen=True)
 class TextData:
@@ -128,10 +126,6 @@ class TextData:
                          Limit("a local directory path", lambda v: v != ""), required=True)
     eval_fraction: float = key(0.01, "tail blocks held out for evaluation", Limit("in (0, 1)", lambda v: 0 < v < 1))
     text_key: str = key("text", "field/column holding the text in jsonl/parquet")
-
-    def validate(self) -> None:
-        check_types(self, "data", DataError)
-        check_limits(self, "data", DataError)
 
     def files(self) -> list[Path]:
         """The text files the paths name, in a fixed order; missing paths or tokenizer directory are named.
@@ -216,10 +210,6 @@ class TokensData:
     epochs: float | None = key(None, "optional: train.steps must cover exactly this many epochs (checked before "
                                      "submission)", Limit("a number > 0 or null", lambda v: v is None or v > 0))
 
-    def validate(self) -> None:
-        check_types(self, "data", DataError)
-        check_limits(self, "data", DataError)
-
 
 DataSection = SyntheticData | TextData | TokensData
 DATA_KINDS: dict[str, type] = {cls.kind: cls for cls in (SyntheticData, TextData, TokensData)}
@@ -236,7 +226,7 @@ def data_section(raw: Mapping) -> DataSection:
     cls = DATA_KINDS[kind]
     reject_unknown(f"data (kind {kind!r})", raw, (f.name for f in dataclasses.fields(cls)), DataError)
     section = cls(**raw)
-    section.validate()
+    check_fields(section, "data", DataError)
     return section
 
 

@@ -23,6 +23,7 @@ from train.sections import (
     SyntheticData,
     data_section,
     data_to_dict,
+    registered,
     reject_unknown,
 )
 
@@ -171,8 +172,7 @@ def identity(spec: dict) -> dict:
     """A spec (as a dict) flattened to dotted keys, less NOT_IDENTITY: what the run's result depends on. A train
     key the spec lacks counts as its default, so a spec written before the key existed matches one that leaves
     it at the default (a run directory from an earlier version stays reusable)."""
-    flat: dict = {f"train.{f.name}": list(f.default) if isinstance(f.default, tuple) else f.default
-                  for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    flat: dict = {f"train.{name}": default for name, default in registered(TrainConfig).items()}
     for key, value in spec.items():
         for inner_key, inner in (value.items() if isinstance(value, dict) else [(None, value)]):
             name = key if inner_key is None else f"{key}.{inner_key}"
