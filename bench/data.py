@@ -112,12 +112,13 @@ def read_latency(directory: Path, steps: int = 500) -> None:
 
     seq, batch = 2048, 8
     index = json.loads((directory / "index.json").read_text())
-    streams = max(1, (index["tokens"] - index["eval_tokens"]) // seq // batch)
-    source = TokensSource(TokensData(path=str(directory)), 1 << 20, seq, 0, streams)
+    ranks = max(1, (index["tokens"] - index["eval_tokens"]) // seq // batch)
+    source = TokensSource(TokensData(path=str(directory)), 1 << 20, seq, 0)
     times = []
     for step in range(steps):
         start = time.perf_counter()
-        source.train_batch(stream=step % streams, step=step // streams, batch=batch, seq_len=seq)
+        rank = step % ranks  # one rank's batch a read, the ranks of a step in turn
+        source.train_batch(step // ranks, range(rank * batch, (rank + 1) * batch), ranks * batch, seq)
         times.append(time.perf_counter() - start)
     median = statistics.median(times)
     print(f"batch of {batch} x {seq} tokens from the shards: median {median * 1e3:.3f} ms over {steps} reads, "

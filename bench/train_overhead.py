@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from train import model as models
 from train import optim
-from train.data.sources import build_source
+from train.data.sources import build_source, global_batch, rank_rows
 from train.loop import Trainer
 from train.parallel import mesh as meshes
 from train.parallel import parallelize
@@ -50,7 +50,7 @@ def _ours(spec: RunSpec, rank: int, steps: int) -> float:
 def _worker(rank, world, spec_dict, steps, rounds):
     spec = RunSpec.from_dict(spec_dict)
     source = build_source(spec.data, models.llama_config(spec.model).vocab_size, spec.train.seq_len, spec.train.seed)
-    ids = source.train_batch(rank, 0, spec.train.batch_per_rank, spec.train.seq_len)
+    ids = source.train_batch(0, rank_rows(spec, spec.dims.data_rank(rank)), global_batch(spec), spec.train.seq_len)
     bare, ours = [], []
     for i in range(rounds):  # alternate which side runs first, so drift in the machine favours neither
         pair = [(bare, lambda: _bare(spec, ids, steps)), (ours, lambda: _ours(spec, rank, steps))]

@@ -34,14 +34,18 @@ class Reference:
             self.period = spec.A // cfg.outer_fragments
         self.pending = None  # (tensor indices, every group's pseudo-gradients, the step it lands after)
 
+    def group_batch(self, f: int, i: int) -> torch.Tensor:
+        """Step i's sequences of federation group f: its slice of the global batch."""
+        b = self.spec.R * self.spec.S * self.spec.train.batch_per_rank
+        return self.source.train_batch(i, range(f * b, (f + 1) * b), data.global_batch(self.spec), self.spec.train.seq_len)
+
     def step(self, i: int) -> list[float]:
         """Step i of every group; each group's loss on its global batch (before the step's update)."""
         spec, cfg = self.spec, self.spec.train
         group = spec.R * spec.S
         losses = []
         for f, (m, opt, sched) in enumerate(zip(self.models, self.optimizers, self.schedules)):
-            ids = torch.cat([self.source.train_batch(rank, i, cfg.batch_per_rank, cfg.seq_len)
-                             for rank in range(f * group, (f + 1) * group)])
+            ids = self.group_batch(f, i)
             loss = m(input_ids=ids, labels=ids).loss
             loss.backward()
             losses.append(loss.item())

@@ -41,14 +41,14 @@ def test_floor_ppl_matches_brute_force(seed, branching):
 
 def test_empirical_cross_entropy_and_token_frequencies_match_the_chain():
     src = synthetic(vocab=64, branching=8, seed=5)
-    x = src.train_batch(stream=0, step=0, batch=64, seq_len=512).numpy()
+    x = src.train_batch(0, range(64), 64, 512).numpy()
     logP = np.log(dense(src), where=dense(src) > 0, out=np.full((64, 64), -np.inf))
     nll = -logP[x[:, :-1], x[:, 1:]]
     assert np.isfinite(nll).all()  # every transition is one the chain allows
     assert nll.mean() == pytest.approx(math.log(src.floor_ppl), rel=0.02)
     freq = np.bincount(x.ravel(), minlength=64) / x.size
     assert 0.5 * np.abs(freq - src.stationary).sum() < 0.05
-    first = np.bincount(src.train_batch(1, 0, 4096, 1).numpy().ravel(), minlength=64) / 4096
+    first = np.bincount(src.train_batch(1, range(4096), 4096, 1).numpy().ravel(), minlength=64) / 4096
     assert 0.5 * np.abs(first - src.stationary).sum() < 0.1  # sequences start from pi
 
 
@@ -63,15 +63,33 @@ def test_baseline_ppl_is_the_unigram_cross_entropy_of_the_eval_set():
     assert src.floor_ppl < 0.5 * src.baseline_ppl and src.describe()["baseline_ppl"] == src.baseline_ppl
 
 
-def test_synthetic_batches_are_pure_functions_of_seed_stream_step():
+def test_synthetic_batches_are_pure_functions_of_seed_step_and_row():
     a, b = synthetic(seed=7), synthetic(seed=7)
-    x = a.train_batch(3, 11, 4, 32)
+    x = a.train_batch(11, range(12, 16), 16, 32)
     assert x.dtype == torch.long and x.shape == (4, 32)
-    assert torch.equal(x, a.train_batch(3, 11, 4, 32)) and torch.equal(x, b.train_batch(3, 11, 4, 32))
-    assert not torch.equal(x, a.train_batch(4, 11, 4, 32))
-    assert not torch.equal(x, a.train_batch(3, 12, 4, 32))
-    assert not torch.equal(x, synthetic(seed=8).train_batch(3, 11, 4, 32))
+    assert torch.equal(x, a.train_batch(11, range(12, 16), 16, 32)) and torch.equal(x, b.train_batch(11, range(12, 16), 16, 32))
+    assert not torch.equal(x, a.train_batch(11, range(16, 20), 20, 32))
+    assert not torch.equal(x, a.train_batch(12, range(12, 16), 16, 32))
+    assert not torch.equal(x, synthetic(seed=8).train_batch(11, range(12, 16), 16, 32))
     assert 0 <= int(x.min()) and int(x.max()) < a.vocab_size
+
+
+@pytest.mark.parametrize("kind", ["synthetic", "text"])
+def test_a_step_s_sequences_are_the_same_however_the_global_batch_is_sliced(kind, corpus, tiny_tokenizer):
+    """Issue 41: 8 data-parallel ranks of 1 sequence, 4 of 2, 2 of 4 or one of 8 train on the same 8 sequences, row
+    for row, so layouts of different tp, pp or data-parallel degree see the same data."""
+    src = synthetic(seed=3) if kind == "synthetic" else text([corpus[0]], tiny_tokenizer)
+    seq = 32 if kind == "synthetic" else 10
+    for step in (0, 5):
+        whole = src.train_batch(step, range(8), 8, seq)
+        assert len({tuple(r) for r in whole.tolist()}) > 1  # rows differ: each is drawn on its own
+        for ranks in (2, 4, 8):
+            b = 8 // ranks
+            sliced = torch.cat([src.train_batch(step, range(d * b, (d + 1) * b), 8, seq) for d in range(ranks)])
+            assert torch.equal(sliced, whole)
+    assert not torch.equal(src.train_batch(1, range(8), 8, seq), src.train_batch(0, range(8), 8, seq))
+    with pytest.raises(DataError, match="not a slice of a global batch of 8"):
+        src.train_batch(0, range(6, 10), 8, seq)
 
 
 def test_synthetic_eval_set_is_fixed_and_separate_from_training_streams():
@@ -79,8 +97,8 @@ def test_synthetic_eval_set_is_fixed_and_separate_from_training_streams():
     ev = src.eval_set(32)
     assert ev.shape == (16, 32) and torch.equal(ev, src.eval_set(32))
     assert torch.equal(ev, synthetic(eval_sequences=16).eval_set(32))
-    for stream in range(4):
-        assert not torch.equal(ev, src.train_batch(stream, 0, 16, 32))
+    for d in range(4):
+        assert not torch.equal(ev, src.train_batch(0, range(16 * d, 16 * d + 16), 64, 32))
     assert 0 <= int(ev.min()) and int(ev.max()) < src.vocab_size
 
 
@@ -143,8 +161,8 @@ def test_text_packs_documents_with_eos_and_holds_out_the_tail(corpus, tiny_token
     assert torch.equal(src.eval_set(10), blocks[9:])  # round(0.25 * 12) = 3 held out
     assert tok.decode(src.eval_set(10)[-1]) == " ".join(WORDS[106:116])  # 4 EOS precede it
     seen = set()
-    for stream in range(4):
-        for row in src.train_batch(stream, 0, 16, 10):
+    for step in range(4):
+        for row in src.train_batch(step, range(16), 16, 10):
             match = (blocks == row).all(1).nonzero().flatten().tolist()
             assert len(match) == 1 and match[0] < 9
             seen.add(match[0])
@@ -158,15 +176,15 @@ def test_text_packs_documents_with_eos_and_holds_out_the_tail(corpus, tiny_token
     assert d["baseline_ppl"] == src.baseline_ppl
 
 
-def test_text_batches_are_deterministic_per_stream_and_step(corpus, tiny_tokenizer):
+def test_text_batches_are_deterministic_per_step_and_row(corpus, tiny_tokenizer):
     root, _ = corpus
     a, b = text([root], tiny_tokenizer), text([root / "a.txt", root / "sub"], tiny_tokenizer)
-    assert torch.equal(a.train_batch(1, 2, 8, 10), b.train_batch(1, 2, 8, 10))
-    assert not torch.equal(a.train_batch(1, 2, 8, 10), a.train_batch(2, 2, 8, 10))
-    assert not torch.equal(a.train_batch(1, 2, 8, 10), a.train_batch(1, 3, 8, 10))
+    assert torch.equal(a.train_batch(2, range(8, 16), 16, 10), b.train_batch(2, range(8, 16), 16, 10))
+    assert not torch.equal(a.train_batch(2, range(8, 16), 16, 10), a.train_batch(2, range(16, 24), 24, 10))
+    assert not torch.equal(a.train_batch(2, range(8, 16), 16, 10), a.train_batch(3, range(8, 16), 16, 10))
     assert len(a.eval_set(10)) == 1  # default eval_fraction 0.01 still holds out one block
     with pytest.raises(DataError, match="seq_len 10"):
-        a.train_batch(0, 0, 2, 12)
+        a.train_batch(0, range(2), 2, 12)
 
 
 def test_text_errors_name_the_offending_path_or_key(corpus, tiny_tokenizer, tmp_path_factory):

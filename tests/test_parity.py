@@ -32,9 +32,7 @@ def _worker(rank, world, spec_dict, chunk_bytes=None):
     # Gradients first: AdamW is scale-invariant, so a wrong gradient divisor would hide in parameters.
     ids = trainer.batch(0)
     trainer.model(input_ids=ids, labels=ids).loss.backward()
-    group = spec.R * spec.S
-    ref_ids = torch.cat([ref.source.train_batch(r, 0, spec.train.batch_per_rank, spec.train.seq_len)
-                         for r in range(f * group, (f + 1) * group)])
+    ref_ids = ref.group_batch(f, 0)
     ref.models[f](input_ids=ref_ids, labels=ref_ids).loss.backward()
     out["grad_rel"] = max(((p.grad.full_tensor() - q.grad).norm() / q.grad.norm()).item()
                           for p, q in zip(trainer.model.parameters(), ref.models[f].parameters()))

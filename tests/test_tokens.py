@@ -4,6 +4,7 @@ the batches the ranks really trained on."""
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from tests.conftest import WORDS
@@ -28,8 +29,8 @@ def prepared(tmp_path_factory, tiny_tokenizer):
     return out
 
 
-def _source(path, streams=RANKS, seed=0) -> TokensSource:
-    return TokensSource(TokensData(path=str(path)), 512, SEQ, seed, streams)
+def _source(path, seed=0) -> TokensSource:
+    return TokensSource(TokensData(path=str(path)), 512, SEQ, seed)
 
 
 def test_blocks_are_the_prepared_tokens_in_order_and_each_epoch_draws_each_once(prepared):
@@ -38,17 +39,21 @@ def test_blocks_are_the_prepared_tokens_in_order_and_each_epoch_draws_each_once(
     tokens = np.concatenate([np.fromfile(prepared / r["shard"], dtype=index["dtype"]) for r in index["files"]])
     n = source.n_train
     per_step = RANKS * BATCH
-    drawn = [source.block_indices(s, t, BATCH) for t in range(2 * n // per_step) for s in range(RANKS)]
+    drawn = [source.block_indices(t, range(s * BATCH, (s + 1) * BATCH), per_step) for t in range(2 * n // per_step)
+             for s in range(RANKS)]
     epochs = {}
     for epoch, block in (d for batch in drawn for d in batch):
         epochs.setdefault(epoch, []).append(block)
     assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(n)) and epochs[0] != epochs[1]
-    batch = source.train_batch(stream=1, step=3, batch=BATCH, seq_len=SEQ)
-    for row, (_, block) in zip(batch.tolist(), source.block_indices(1, 3, BATCH)):
+    rows = range(BATCH, 2 * BATCH)  # data-parallel rank 1's
+    batch = source.train_batch(3, rows, per_step, SEQ)
+    assert torch.equal(batch, source.train_batch(3, range(per_step), per_step, SEQ)[BATCH:2 * BATCH])
+    for row, (_, block) in zip(batch.tolist(), source.block_indices(3, rows, per_step)):
         assert row == tokens[block * SEQ:(block + 1) * SEQ].tolist()  # blocks may span two shards
     assert source.eval_set(SEQ).tolist() == tokens[index["tokens"] - index["eval_tokens"]:][
         :source.n_eval * SEQ].reshape(-1, SEQ).tolist()
-    assert _source(prepared, seed=1).block_indices(0, 0, BATCH) != source.block_indices(0, 0, BATCH)
+    assert _source(prepared, seed=1).block_indices(0, range(BATCH), per_step) != source.block_indices(
+        0, range(BATCH), per_step)
 
 
 def _train_with_a_resume(rank, world, spec_dict, stop_at):
@@ -65,9 +70,9 @@ def _train_with_a_resume(rank, world, spec_dict, stop_at):
     def recording(trainer):
         draw = trainer.source.train_batch
 
-        def train_batch(stream, step, batch, seq_len):
-            seen.extend(trainer.source.block_indices(stream, step, batch))
-            return draw(stream, step, batch, seq_len)
+        def train_batch(step, rows, global_batch, seq_len):
+            seen.extend(trainer.source.block_indices(step, rows, global_batch))
+            return draw(step, rows, global_batch, seq_len)
         trainer.source.train_batch = train_batch
         return trainer
 

@@ -44,6 +44,7 @@ class Trainer:
         self.source = source or data.for_run(spec, self.config.vocab_size)
         self.world, self.dims = spec.world_size, spec.dims
         self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
+        self.rows, self.global_batch = data.rank_rows(spec, self.data_rank), data.global_batch(spec)
         self.mesh = mesh if mesh is not None else meshes.build(device, self.dims)
         self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
         whole = models.build(self.config, "meta")  # the whole model, every stage
@@ -119,8 +120,7 @@ class Trainer:
         return model
 
     def batch(self, step: int) -> torch.Tensor:
-        ids = self.source.train_batch(stream=self.data_rank, step=step, batch=self.cfg.batch_per_rank,
-                                      seq_len=self.cfg.seq_len)
+        ids = self.source.train_batch(step, self.rows, self.global_batch, self.cfg.seq_len)
         if self.device == "cuda":  # from pinned memory, queued: a copy from pageable memory waits for the device
             return ids.pin_memory().to(self.device, non_blocking=True)
         return ids.to(self.device)
@@ -152,7 +152,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         self.state.step = step + 1
-        self.state.tokens += self.data_world * self.cfg.batch_per_rank * self.cfg.seq_len
+        self.state.tokens += self.global_batch * self.cfg.seq_len
         marks.append(mark())
         self._enter("aggregation", step)
         if self.fedavg is not None and self.fedavg.due(step + 1):

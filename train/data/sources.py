@@ -1,9 +1,12 @@
 """Token sources for training: a synthetic Markov chain with a known floor, or packed local text.
 
-A source is stateless: ``train_batch(stream, step, ...)`` is a pure function of
-(seed, stream, step, batch, seq_len). The caller passes stream = global data-parallel
-rank, so ranks and federation groups see distinct data, and resuming from a checkpoint
-needs no iterator state. Generators are seeded from ``SeedSequence([seed, domain, ...])``;
+A source is stateless: the sequences of global step t are a pure function of (seed, t, global batch,
+seq_len), and data-parallel rank d of D takes rows [d·b, (d+1)·b) of them (b = global batch / D; the ranks are
+numbered federation group first, so a group takes a fixed slice too). Every layout of the same global batch,
+whatever its tp, pp or data-parallel degree, therefore trains on the same sequences, and resuming from a
+checkpoint needs no iterator state. Row g of step t is drawn from draws [g·n, (g+1)·n) of one generator
+seeded by (seed, t) (n draws a row; the generator is advanced to the slice, not run through the rows before
+it). Generators are seeded from ``SeedSequence([seed, domain, ...])``;
 the domain tag keeps chain construction, training and eval draws apart (SeedSequence
 zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide).
 
@@ -28,8 +31,8 @@ zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide
     order. Documents are tokenized with a local ``AutoTokenizer``, joined with
     eos_token_id (if the tokenizer has one), packed into blocks of seq_len tokens
     (tail dropped); the last max(1, round(eval_fraction * n_blocks)) blocks are held
-    out for eval. Training draws block indices *with replacement* from a generator
-    seeded by (seed, stream, step), which keeps batches stateless. ``baseline_ppl`` is the
+    out for eval. Training draws block indices *with replacement*, row g of step t from
+    the generator seeded by (seed, t) advanced g draws, which keeps batches stateless. ``baseline_ppl`` is the
     perplexity of the eval set's own unigram frequencies over its predicted tokens (the best
     context-free model of exactly that data, counted).
 """
@@ -49,6 +52,15 @@ _CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
 
 def _rng(seed: int, domain: int, *ids: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, domain, *ids]))
+
+
+def _row_draws(seed: int, step: int, rows: range, per_row: int) -> np.ndarray:
+    """[len(rows), per_row] uniforms in [0, 1): rows `rows` of the ones step `step` draws, row g being draws
+    [g·per_row, (g+1)·per_row) of one generator seeded by (seed, step), advanced past the rows before it (PCG64
+    draws one 64-bit word per double, so any slice equals the same rows of the whole batch's draws)."""
+    bits = np.random.PCG64(np.random.SeedSequence([seed, _TRAIN, step]))
+    bits.advance(rows.start * per_row)
+    return np.random.Generator(bits).random((len(rows), per_row))
 
 
 def _in_range(key: str, value: int, lo: int, hi: int) -> int:
@@ -94,19 +106,22 @@ class SyntheticSource(TokenSource):
             pi = nxt
         raise DataError(f"synthetic chain (vocab={vocab}) did not reach its stationary distribution; raise branching")
 
-    def _sample(self, rng: np.random.Generator, batch: int, seq_len: int) -> torch.LongTensor:
-        u = rng.random((seq_len, batch))
+    def _sample(self, u: np.ndarray) -> torch.LongTensor:
+        """Sequences of the chain from uniforms u [seq_len, batch]: u[0] picks each start from pi, u[t] the t-th
+        move."""
+        seq_len, batch = u.shape
         out = np.empty((seq_len, batch), np.int64)
         out[0] = 2 * np.minimum(np.searchsorted(np.cumsum(self.stationary), u[0], "right"), self.vocab_size - 1)
         for t in range(1, seq_len):
             out[t] = self._next2[np.searchsorted(self._cdf, out[t - 1] + u[t])]
         return torch.from_numpy(np.ascontiguousarray(out.T // 2))
 
-    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
-        return self._sample(_rng(self.seed, _TRAIN, stream, step), batch, seq_len)
+    def train_batch(self, step: int, rows: range, global_batch: int, seq_len: int) -> torch.LongTensor:
+        self._check_rows(rows, global_batch)
+        return self._sample(_row_draws(self.seed, step, rows, seq_len).T)
 
     def eval_set(self, seq_len: int) -> torch.LongTensor:
-        return self._sample(_rng(self.seed, _EVAL), self.eval_sequences, seq_len)
+        return self._sample(_rng(self.seed, _EVAL).random((seq_len, self.eval_sequences)))
 
     def describe(self) -> dict:
         return {"kind": "synthetic", "vocab": self.vocab_size, "branching": self.successors.shape[1],
@@ -143,9 +158,11 @@ class TextSource(TokenSource):
         self.baseline_ppl = unigram_ppl(self.eval_blocks, len(tok))
         self.seq_len, self.seed, self.tokenizer, self.n_files = seq_len, seed, tokenizer, len(files)
 
-    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
+    def train_batch(self, step: int, rows: range, global_batch: int, seq_len: int) -> torch.LongTensor:
         self._check_len(seq_len)
-        idx = _rng(self.seed, _TRAIN, stream, step).integers(0, len(self.train_blocks), size=batch)
+        self._check_rows(rows, global_batch)
+        n = len(self.train_blocks)  # floor(u * n): uniform up to n / 2^53, and one draw a row whatever n is
+        idx = np.minimum((_row_draws(self.seed, step, rows, 1)[:, 0] * n).astype(np.int64), n - 1)
         return self.train_blocks[torch.from_numpy(idx)]
 
     def eval_set(self, seq_len: int) -> torch.LongTensor:
@@ -159,11 +176,11 @@ class TextSource(TokenSource):
                 "train_blocks": len(self.train_blocks), "eval_blocks": len(self.eval_blocks)}
 
 
-def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed: int, streams: int = 1,
+def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed: int,
                  global_batch: int | None = None, steps: int | None = None) -> TokenSource:
     """The source a data section names. Its keys and types were checked by train.sections; what needs the
-    model's vocabulary (vocab and branching ranges) is checked here, before any process group starts. `streams`
-    (data-parallel ranks), `global_batch` and `steps` let a prepared directory check it can feed the run."""
+    model's vocabulary (vocab and branching ranges) is checked here, before any process group starts.
+    `global_batch` and `steps` let a prepared directory check it can feed the run."""
     if isinstance(data, dict):
         data = data_section(data)
     if not isinstance(seed, int) or seed < 0 or not isinstance(seq_len, int) or seq_len < 1:
@@ -173,12 +190,22 @@ def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed:
         return SyntheticSource(vocab, _in_range("branching", data.branching, 1, vocab),
                                _in_range("eval_sequences", data.eval_sequences, 1, 1 << 20), seed)
     if isinstance(data, TokensData):
-        return TokensSource(data, model_vocab, seq_len, seed, streams, global_batch, steps)
+        return TokensSource(data, model_vocab, seq_len, seed, global_batch, steps)
     return TextSource(data, model_vocab, seq_len, seed)
 
 
 def for_run(spec, model_vocab: int) -> TokenSource:
-    """The source of a run spec (train.spec.RunSpec): its data-parallel ranks are the streams it draws for."""
-    streams, cfg = spec.dims.dp_world, spec.train
-    return build_source(spec.data, model_vocab, cfg.seq_len, cfg.seed, streams, streams * cfg.batch_per_rank,
-                        cfg.steps)
+    """The source of a run spec (train.spec.RunSpec), checked against its global batch and steps."""
+    cfg = spec.train
+    return build_source(spec.data, model_vocab, cfg.seq_len, cfg.seed, global_batch(spec), cfg.steps)
+
+
+def global_batch(spec) -> int:
+    """Sequences one step trains over every data-parallel rank of the run."""
+    return spec.dims.dp_world * spec.train.batch_per_rank
+
+
+def rank_rows(spec, data_rank: int) -> range:
+    """The rows of each step's global batch that data-parallel rank `data_rank` trains on."""
+    b = spec.train.batch_per_rank
+    return range(data_rank * b, (data_rank + 1) * b)

@@ -31,8 +31,10 @@ class TokenSource(ABC):
     baseline_ppl: float  # the best context-free model's perplexity on the eval data (see the module docstring)
 
     @abstractmethod
-    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
-        """[batch, seq_len] ids, a pure function of (seed, stream, step, batch, seq_len)."""
+    def train_batch(self, step: int, rows: range, global_batch: int, seq_len: int) -> torch.LongTensor:
+        """[len(rows), seq_len] ids: rows `rows` of step `step`'s global batch of `global_batch` sequences, a pure
+        function of (seed, step, global_batch, seq_len) and the rows, whoever draws them (any layout on any
+        number of data-parallel ranks trains on the same sequences)."""
 
     @abstractmethod
     def eval_set(self, seq_len: int) -> torch.LongTensor:
@@ -41,6 +43,11 @@ class TokenSource(ABC):
     @abstractmethod
     def describe(self) -> dict:
         """Small JSON-able summary written into result files."""
+
+    @staticmethod
+    def _check_rows(rows: range, global_batch: int) -> None:
+        if rows.step != 1 or not 0 <= rows.start < rows.stop <= global_batch:
+            raise DataError(f"rows {rows} are not a slice of a global batch of {global_batch} sequences")
 
     def _check_len(self, seq_len: int) -> None:
         """Packed sources are opened for one seq_len (their block counts and baseline depend on it)."""

@@ -2,11 +2,11 @@
 corpus, and sampled without replacement: one epoch sees every training block exactly once.
 
 The training tokens (all but the held-out tail) are read as consecutive blocks of seq_len. Draw p of a run, for
-stream s (the data-parallel rank), step t and sequence j of its batch b, is p = (t x streams + s) x b + j: the
-streams of one step take disjoint draws, and every step the next streams x b. Draw p is block
-perm_e[p mod n] of epoch e = p div n, perm_e a permutation seeded by (seed, e). A batch is therefore a pure
-function of (seed, epoch, stream, step): resuming needs no iterator state, and no block repeats within an
-epoch or is skipped. (An elastic resume that changes the number of streams renumbers the draws from there on.)
+row g of step t's global batch of B sequences, is p = t x B + g: the data-parallel ranks of one step take
+disjoint rows, and every step the next B draws. Draw p is block perm_e[p mod n] of epoch e = p div n, perm_e a
+permutation seeded by (seed, e). A step's sequences are therefore a pure function of (seed, t, B), whatever the
+layout: resuming needs no iterator state, and no block repeats within an epoch or is skipped. (An elastic resume
+that changes B renumbers the draws from there on.)
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ _PERMUTATION = 3  # SeedSequence domain tag (train.data.sources uses 0-2)
 class TokensSource(TokenSource):
     """A prepared directory's blocks of seq_len tokens, drawn without replacement."""
 
-    def __init__(self, data: TokensData, model_vocab: int, seq_len: int, seed: int, streams: int,
+    def __init__(self, data: TokensData, model_vocab: int, seq_len: int, seed: int,
                  global_batch: int | None = None, steps: int | None = None):
         self.index = token_index.load(data.path, data.tokenizer)
         if global_batch is not None:
@@ -38,7 +38,7 @@ class TokensSource(TokenSource):
         self.n_train, self.n_eval = token_index.blocks(self.index, seq_len)
         self.eval_start = self.index["tokens"] - self.index["eval_tokens"]
         self.vocab_size, self.floor_ppl = self.index["tokenizer"]["size"], None
-        self.seq_len, self.seed, self.streams, self.path = seq_len, seed, streams, data.path
+        self.seq_len, self.seed, self.path = seq_len, seed, data.path
         self.baseline_ppl = unigram_ppl(self.eval_set(seq_len), self.vocab_size)
 
     def _tokens(self, start: int, count: int) -> np.ndarray:
@@ -59,16 +59,17 @@ class TokensSource(TokenSource):
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, _PERMUTATION, epoch]))
         return rng.permutation(self.n_train)
 
-    def block_indices(self, stream: int, step: int, batch: int) -> list[tuple[int, int]]:
-        """(epoch, block) of each sequence of this stream's batch at this step."""
-        first = (step * self.streams + stream) * batch
+    def block_indices(self, step: int, rows: range, global_batch: int) -> list[tuple[int, int]]:
+        """(epoch, block) of each of these rows of step `step`'s global batch."""
+        first = step * global_batch
         return [(p // self.n_train, int(self.permutation(p // self.n_train)[p % self.n_train]))
-                for p in range(first, first + batch)]
+                for p in range(first + rows.start, first + rows.stop)]
 
-    def train_batch(self, stream: int, step: int, batch: int, seq_len: int) -> torch.LongTensor:
+    def train_batch(self, step: int, rows: range, global_batch: int, seq_len: int) -> torch.LongTensor:
         self._check_len(seq_len)
-        rows = [self._tokens(block * seq_len, seq_len) for _, block in self.block_indices(stream, step, batch)]
-        return torch.from_numpy(np.stack(rows))
+        self._check_rows(rows, global_batch)
+        blocks = self.block_indices(step, rows, global_batch)
+        return torch.from_numpy(np.stack([self._tokens(block * seq_len, seq_len) for _, block in blocks]))
 
     def eval_set(self, seq_len: int) -> torch.LongTensor:
         self._check_len(seq_len)

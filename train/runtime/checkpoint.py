@@ -84,7 +84,7 @@ class Checkpointer:
         self.group = f"fed{spec.dims.coords(rank)[0]}"  # this rank's key for per-group parts
         # the optimizer's param_groups are not tensors, so DCP keeps one rank's copy: each stage needs its own
         self.stage = f"stage{spec.dims.coords(rank)[3]}" if spec.dims.P > 1 else None
-        self.elastic, self.world = spec.train.elastic, spec.dims.dp_world  # one data stream each
+        self.elastic, self.world = spec.train.elastic, spec.dims.dp_world  # one slice of each step's sequences each
         self.rank_step_tokens = spec.train.batch_per_rank * spec.train.seq_len
 
     def latest(self) -> Path | None:
@@ -125,8 +125,8 @@ class Checkpointer:
 
     def _layout_change(self, path: Path, meta: dict) -> dict | None:
         """The layout change an elastic resume makes (None: the same layout), or SpecError. Federation groups
-        may only shrink: group f of the new layout continues group f's optimizer moments and rank k stream k
-        (the streams of ranks the new layout lacks are not trained from here on, which the result records);
+        may only shrink: group f of the new layout continues group f's optimizer moments and rank k its rows
+        of each step's sequences (the rows of ranks the new layout lacks are not trained from here on, which the result records);
         FSDP/HSDP may change R or S: DCP reshards parameters and moments."""
         old = meta["layout"]
         if old == self.layout:
