@@ -36,13 +36,13 @@ class Reference:
 
     def group_batch(self, f: int, i: int) -> torch.Tensor:
         """Step i's sequences of federation group f: its slice of the global batch."""
-        b = self.spec.R * self.spec.S * self.spec.train.batch_per_rank
-        return self.source.train_batch(i, range(f * b, (f + 1) * b), data.global_batch(self.spec), self.spec.train.seq_len)
+        spec = self.spec
+        b = spec.R * spec.S * spec.train.batch_per_rank
+        return self.source.train_batch(i, range(f * b, (f + 1) * b), data.global_batch(spec), spec.train.seq_len)
 
     def step(self, i: int) -> list[float]:
         """Step i of every group; each group's loss on its global batch (before the step's update)."""
         spec, cfg = self.spec, self.spec.train
-        group = spec.R * spec.S
         losses = []
         for f, (m, opt, sched) in enumerate(zip(self.models, self.optimizers, self.schedules)):
             ids = self.group_batch(f, i)

@@ -4,8 +4,8 @@ the batches the ranks really trained on."""
 import json
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from tests.conftest import WORDS
 from tests.support import run_ranks

@@ -126,8 +126,8 @@ class Checkpointer:
     def _layout_change(self, path: Path, meta: dict) -> dict | None:
         """The layout change an elastic resume makes (None: the same layout), or SpecError. Federation groups
         may only shrink: group f of the new layout continues group f's optimizer moments and rank k its rows
-        of each step's sequences (the rows of ranks the new layout lacks are not trained from here on, which the result records);
-        FSDP/HSDP may change R or S: DCP reshards parameters and moments."""
+        of each step's sequences (the rows of ranks the new layout lacks are not trained from here on, which the
+        result records); FSDP/HSDP may change R or S: DCP reshards parameters and moments."""
         old = meta["layout"]
         if old == self.layout:
             return None
