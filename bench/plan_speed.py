@@ -4,8 +4,9 @@ Booster (target <= 1 s), and of the whole command on generated snapshots of 1,00
 100,000: <= 3 s, with the time per node flat across sizes).
 
 Runs the real command several times (a fresh interpreter each time, as a user would), then plans in-process
-on a generated snapshot (bench.placement's synthetic tree), and prints each median next to its target.
-Run: python -m bench.plan_speed [--repeats 5] [--snapshot-sizes 1000,10000,100000]
+on a generated snapshot, and prints each median next to its target. The snapshots' node records are captured
+SLURM 22.05 and 25.11 ones, every field, a fifth of the nodes allocated, mixed, drained or down (bench.snapshot).
+Run: python -m bench.plan_speed [--repeats 5] [--snapshot-sizes 1000,10000,100000] [--versions 22.05,25.11]
 """
 from __future__ import annotations
 
@@ -17,11 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.snapshot import write
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--snapshot-sizes", default="1000,10000,100000")
+    ap.add_argument("--versions", default="22.05,25.11")
     args = ap.parse_args()
     times = []
     with tempfile.TemporaryDirectory() as results:
@@ -34,28 +38,17 @@ def main() -> None:
     print(f"action=plan paper_table3 on leonardo: median {median:.2f} s over {args.repeats} "
           f"(min {min(times):.2f}, max {max(times):.2f}); target < 5 s; ratio to target {median / 5:.2f}")
     snapshot_plan(args.repeats)
-    for nodes in map(int, args.snapshot_sizes.split(",")):
-        snapshot_command(nodes, max(1, args.repeats // 2))
+    for version in args.versions.split(","):
+        for nodes in map(int, args.snapshot_sizes.split(",")):
+            snapshot_command(nodes, version, max(1, args.repeats // 2))
 
 
-def _snapshot(directory: Path, nodes: int) -> Path:
-    """bench.placement's synthetic tree of `nodes` nodes as a captured snapshot (cluster.snapshot)."""
-    from bench.placement import texts
-
-    snapshot = directory / "snapshot"
-    snapshot.mkdir()
-    topology_text, nodes_text = texts(nodes)
-    (snapshot / "topology.txt").write_text(topology_text)
-    (snapshot / "nodes.txt").write_text(nodes_text.replace("Partitions=gpu", "Partitions=boost_usr_prod"))
-    return snapshot
-
-
-def snapshot_command(nodes: int, repeats: int) -> None:
+def snapshot_command(nodes: int, version: str, repeats: int) -> None:
     """`action=plan` end to end (a fresh interpreter, parsing the snapshot, placing, pricing, writing) on a
-    generated `nodes`-node snapshot."""
+    generated `nodes`-node snapshot of SLURM `version`'s node records."""
     times = []
     with tempfile.TemporaryDirectory() as tmp:
-        snapshot = _snapshot(Path(tmp), nodes)
+        snapshot = write(Path(tmp), nodes, version)
         for _ in range(repeats):
             t = time.perf_counter()
             subprocess.run([sys.executable, "-m", "launcher", "sweep=paper_table3", "cluster=leonardo",
@@ -64,8 +57,8 @@ def snapshot_command(nodes: int, repeats: int) -> None:
             times.append(time.perf_counter() - t)
     median = statistics.median(times)
     target = "; target <= 3 s; ratio to target {:.2f}".format(median / 3) if nodes == 100_000 else ""
-    print(f"action=plan paper_table3 on a {nodes:,}-node snapshot: median {median:.2f} s over {repeats} "
-          f"({median / nodes * 1e6:.1f} us per node){target}")
+    print(f"action=plan paper_table3 on a {nodes:,}-node SLURM {version} snapshot: median {median:.2f} s over "
+          f"{repeats} ({median / nodes * 1e6:.1f} us per node){target}")
 
 
 def snapshot_plan(repeats: int, nodes: int = 3456) -> None:
@@ -74,7 +67,7 @@ def snapshot_plan(repeats: int, nodes: int = 3456) -> None:
     from launcher.settings import compose
 
     with tempfile.TemporaryDirectory() as tmp:
-        snapshot = _snapshot(Path(tmp), nodes)
+        snapshot = write(Path(tmp), nodes)
         settings = compose(["sweep=paper_table3", "cluster=leonardo", f"cluster.snapshot={snapshot}",
                             f"results_dir={tmp}/results"])
         times = []

@@ -14,7 +14,11 @@ from dataclasses import dataclass, field
 from launcher.slurm.hostlist import ParseError, expand
 
 # A field starts at the line start or after whitespace; keys may hold ':' and '/' (AllocNode:Sid, CPUs/Task).
-_KEY = re.compile(r"(?:^|(?<=\s))([A-Z][A-Za-z0-9_:/]*)=")
+# Records are split at the blanks before each key of " " + record: a pattern that starts with a literal space
+# lets the regex engine jump from blank to blank (3x faster on 40-field node records than a look-behind tested
+# at every position, bench.plan_speed); a record with tabs or anything unprintable takes the general pattern.
+_KEY = re.compile(r" \s*([A-Z][A-Za-z0-9_:/]*)=")
+_KEY_ANY_BLANK = re.compile(r"\s+([A-Z][A-Za-z0-9_:/]*)=")
 
 # Base states `scontrol show node` can print: 21.08+ prints the base state (node_state_base_string) then
 # +FLAG for each flag; older releases printed compound names (DRAINED, DRAINING, MAINT, ...) with a
@@ -123,14 +127,16 @@ def parse_key_values(text: str) -> dict:
     A value runs until the next ` Key=` whose key starts with an uppercase letter, so a value that
     itself holds ` Upper=` would be split there; SLURM prints no such field in the formats read here.
     """
-    parts = _KEY.split(text)  # [lead, key, value, key, value, ...]: one C-level pass (100,000-node snapshots)
+    record = " " + text.strip()
+    key = _KEY if record.isprintable() else _KEY_ANY_BLANK  # isprintable: no blank but " " (no tab, newline...)
+    parts = key.split(record)  # [lead, key, value, key, value, ...]: C-level passes only (100,000-node snapshots)
     if len(parts) == 1:
         raise ParseError(f"no Key=Value field in {text.strip()!r}")
     lead = parts[0].strip()
     if lead:
         raise ParseError(f"text {lead!r} before the first Key=Value field")
-    keys = parts[1::2]
-    fields = dict(zip(keys, map(str.strip, parts[2::2])))
+    keys, values = parts[1::2], parts[2::2]  # the blanks before a key went with the split; after '=', strip them
+    fields = dict(zip(keys, values if key is _KEY and "= " not in record else map(str.strip, values)))
     if len(fields) != len(keys):
         seen: set[str] = set()
         twice = next(k for k in keys if k in seen or seen.add(k))
