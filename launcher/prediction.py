@@ -76,14 +76,15 @@ class Predictor:
 
     def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str,
                 mp: ModelParallel = ModelParallel(), schedule: str = "1f1b") -> Compute | None:
-        """A tensor- or pipeline-parallel layout's stage step as the probe measured it in place, when it did for
-        exactly this layout; else the model's compute measured by the probe for this (model, seq_len, precision),
-        at this batch or scaled in proportion from the probe's (a tensor- or pipeline-parallel layout keeps the
-        global batch on fewer data-parallel ranks, so each has more), else estimated from peak_flops, else None."""
-        if mp.P * mp.T > 1:
-            measured = self.stage_compute(llama_kwargs, batch, seq_len, precision, mp, schedule)
-            if measured is not None:
-                return measured
+        """The layout's step of compute as the probe measured it in place (every rank at once, a stage of 1 and
+        of 2 layers), when it did for exactly this layout, pp = tp = 1 included; else the model's compute
+        measured by the probe for this (model, seq_len, precision), at this batch or scaled in proportion from
+        the probe's (a tensor- or pipeline-parallel layout keeps the global batch on fewer data-parallel ranks, so
+        each has more), else estimated from peak_flops, else None. The second serves the layouts a plan ranks
+        beyond its runs, and probes written before pp = tp = 1 was measured in place."""
+        measured = self.stage_compute(llama_kwargs, batch, seq_len, precision, mp, schedule)
+        if measured is not None:
+            return measured
         wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, seq_len, precision)
         for w in (self.probe or {}).get("compute", []):
             have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["seq_len"], w["precision"])

@@ -47,12 +47,10 @@ def workload(run) -> dict:
             "precision": t.precision}
 
 
-def layout(run) -> dict | None:
-    """What a tensor- or pipeline-parallel run's stage step depends on (train.measure.calibrate_layout), None for
-    others: its workload at the batch of one data-parallel rank, and its degrees, microbatches and schedule."""
+def layout(run) -> dict:
+    """What a run's step of compute depends on, measured in place (train.measure.calibrate_layout), pp = tp = 1
+    included: its workload at the batch of one data-parallel rank, and its degrees, microbatches and schedule."""
     t = run.spec.train
-    if t.pp * t.tp == 1:
-        return None
     return {**workload(run), "pp": t.pp, "tp": t.tp, "microbatches": t.n_microbatches, "pp_schedule": t.pp_schedule,
             "sequence_parallel": t.sequence_parallel}
 
@@ -60,7 +58,7 @@ def layout(run) -> dict | None:
 def distinct(items) -> list[dict]:
     out = []
     for item in items:
-        if item is not None and item not in out:
+        if item not in out:
             out.append(item)
     return out
 

@@ -68,13 +68,17 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     assert "probe: leaf broadcast on 2 ranks, 8 sizes done" in proc.stdout  # progress, echoed while it ran
     layers = compute["model"]["num_hidden_layers"]
     assert f"probe: compute of {layers}-layer model at 4x128 tokens (fp32) done" in proc.stdout
-    # FSDP (1,1,2) and FL+FSDP (2,1,1) at tp = 2 share one stage step: measured once, in place
-    [stage] = probe["layouts"]
-    assert {k: stage[k] for k in ("batch_per_rank", "seq_len", "pp", "tp", "microbatches", "sequence_parallel")} == \
-        {"batch_per_rank": 8, "seq_len": 128, "pp": 1, "tp": 2, "microbatches": 1, "sequence_parallel": False}
-    assert stage["one"]["forward_s"] + stage["one"]["backward_s"] > 0 and len(stage["repeats"]) == 5
-    assert stage["layer"]["forward_s"] + stage["layer"]["backward_s"] > 0
-    assert "probe: compute of layout pp=1 tp=2 at 8x128 tokens done" in proc.stdout
+    # every run's step measured in place, once per distinct layout: FSDP (1,1,4) and FL+FSDP (2,1,2) at tp = 1
+    # share one, FSDP (1,1,2) and FL+FSDP (2,1,1) at tp = 2 another
+    stages = {s["tp"]: s for s in probe["layouts"]}
+    assert len(probe["layouts"]) == 2
+    for tp, batch in ((1, 4), (2, 8)):
+        stage = stages[tp]
+        assert {k: stage[k] for k in ("batch_per_rank", "seq_len", "pp", "microbatches", "sequence_parallel")} == \
+            {"batch_per_rank": batch, "seq_len": 128, "pp": 1, "microbatches": 1, "sequence_parallel": False}
+        assert stage["one"]["forward_s"] + stage["one"]["backward_s"] > 0 and len(stage["repeats"]) == 5
+        assert stage["layer"]["forward_s"] + stage["layer"]["backward_s"] > 0
+        assert f"probe: compute of layout pp=1 tp={tp} at {batch}x128 tokens done" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
     assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -89,16 +93,15 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
         full, none = e["predicted_step_bounds_s"]
         assert 0 < full <= none and e["predicted_step_s"] == none  # CPU: no overlap
         assert e["predicted_compute_s"] > 0 and e["predicted_tokens_per_s"] > 0
-        if e["tp"] == 1:
-            assert e["compute_source"] == "measured by the probe"
-            continue
         # the stage step as measured (one layer, then each further layer) and the optimizer on the rank's 1/S
         assert e["compute_source"] == "the layout's stage measured in place by the probe"
+        stage = stages[e["tp"]]
         whole = {k: stage["one"][k] + (layers - 1) * stage["layer"][k] for k in stage["one"]}
         assert e["predicted_compute_s"] == pytest.approx(whole["forward_s"] + whole["backward_s"]
                                                          + whole["optimizer_s"] / e["S"])
         assert "tensor" not in e["predicted_comm_by_group_s"]  # inside the measured stage step
-    assert "compute measured by the probe" in proc.stdout and "fastest layouts on 2 nodes" in proc.stdout
+    assert "the layout's stage measured in place by the probe" in proc.stdout
+    assert "fastest layouts on 2 nodes" in proc.stdout
 
 
 @pytest.mark.slow

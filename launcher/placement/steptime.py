@@ -30,8 +30,8 @@ split over tp ranks (stage_shapes), and the units above shrink accordingly; besi
   and the schedule's m + pp - 1 slots each way, not m, lie on the critical path;
 - compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
-Where the probe measured the layout's own stage step in place (Compute.in_place, train.measure.calibrate_layout), that
-measurement replaces the last three items: it holds the split compute, the bubble and the tensor and pipeline
+Where the probe measured the layout's own stage step in place (Compute.in_place, train.measure.calibrate_layout; the
+probe does so for every run of its sweep, pp = tp = 1 included), that measurement replaces the last three items: it holds the split compute, the bubble and the tensor and pipeline
 traffic as this machine runs them, which the parts above priced up to 71 % short on the testbed.
 """
 from __future__ import annotations
@@ -162,8 +162,8 @@ class Compute:
     backward_s: float
     optimizer_s: float
     source: str
-    in_place: bool = False  # a tp or pp layout's own stage, measured (train.measure.calibrate_layout):
-                            # already one rank's share, with the bubble and the tensor and pipeline traffic in it
+    in_place: bool = False  # a layout's own stage (its whole model at pp = tp = 1), measured in place
+                            # (train.measure.calibrate_layout): one rank's share, bubble and tp/pp traffic in it
 
     @classmethod
     def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":

@@ -1,4 +1,4 @@
-"""Compute of a tensor- or pipeline-parallel layout, measured in place by the probe.
+"""Compute of a layout, measured in place by the probe: every run's, pp = tp = 1 included.
 
 A layout with tp or pp above 1 computes with collectives inside: tensor-parallel all-reduces in every layer,
 activations sent between stages, a schedule's bubble. Priced from bare-collective fits and compute / (pp x tp),
@@ -10,7 +10,9 @@ each other as in training), in a mesh (dp, 1, pp, tp) whose data-parallel ranks 
 parallelism. Two depths, 1 and 2 decoder layers per stage, step in turn: their difference prices each further
 layer of a stage, so a model of any depth is priced at ceil(L / pp) layers per stage without building it.
 The data-parallel collectives (FSDP over S, HSDP's replicate group, FedAvg) stay out: the step-time model prices
-them per level as before.
+them per level as before. A layout with pp = tp = 1 is measured the same way (a stage is then the whole model),
+so every run's compute is timed at its own batch, depth slices and contention (issue 41: priced from
+train.measure.calibrate's 0- and 1-layer models, FL+FSDP's compute-bound steps came out up to half short).
 """
 from __future__ import annotations
 
