@@ -104,6 +104,23 @@ def test_a_sweep_readme_gives_the_command_that_rebuilds_it(where):
         assert line in readme, line
 
 
+def test_each_sweep_run_from_a_dirty_tree_is_said_to_be_so_where_it_is_described():
+    """Issue 41, item 4: a sweep whose runs record a dirty commit (prediction.json) is described by a README under
+    results/ that names that commit as dirty and says what was uncommitted."""
+    readmes = {p: p.read_text() for p in RESULTS.rglob("README.md")}
+    dirty = {}
+    for path in RESULTS.glob("*/*/*/prediction.json"):
+        commit = json.loads(path.read_text()).get("commit", "")
+        if commit.endswith("-dirty"):
+            dirty.setdefault(str(path.parent.parent.relative_to(RESULTS)), set()).add(commit[:7] + "-dirty")
+    assert len(dirty) >= 5  # precision_fp32, precision_paper, two validations, testbed_table3
+    for where, commits in dirty.items():
+        describing = [text for text in readmes.values() if where.split("/")[1] + "/" in text]
+        assert describing, f"no README describes {where}"
+        for commit in commits:
+            assert any(f"`{commit}`" in text for text in describing), f"{where}: no README names {commit}"
+
+
 def test_every_local_and_study_sweep_has_a_readme():
     """results/testbed/README.md describes the testbed_table3 and validation sweeps; every other one has its own."""
     covered = {w for w in COMMITTED if "validation" in w or w.endswith("testbed_table3")}
