@@ -31,8 +31,9 @@ split over tp ranks (stage_shapes), and the units above shrink accordingly; besi
 - compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
 Where the probe measured the layout's own stage step in place (Compute.in_place, train.measure.calibrate_layout; the
-probe does so for every run of its sweep, pp = tp = 1 included), that measurement replaces the last three items: it holds the split compute, the bubble and the tensor and pipeline
-traffic as this machine runs them, which the parts above priced up to 71 % short on the testbed.
+probe does so for every run of its sweep, pp = tp = 1 included), that measurement replaces the last three items: it
+holds the split compute, the bubble and the tensor and pipeline traffic as this machine runs them, which the parts
+above priced up to 71 % short on the testbed.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from launcher.prediction import TOLERANCE  # the band the plot shades and the notes count against
 from launcher.registry import before, model_name
 from launcher.report.results import group_repeats
-from launcher.report.tables import Table, model_parallel, paper_order
+from launcher.report.tables import Table, model_parallel, paper_order, span_note
 from train.result import RunResult
 
 COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s", "measured_step_s",
@@ -89,12 +89,15 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     if counted:
         worst = max(counted, key=lambda row: abs(row[ERROR]))
         within = sum(abs(row[ERROR]) <= TOLERANCE for row in counted)
+        mean = sum(abs(row[ERROR]) for row in counted) / len(counted)
         table.notes.append(f"{within} of {len(counted)} registered predictions within ±{TOLERANCE:.0%}; largest "
-                           f"error {100 * worst[ERROR]:+.1f}% ({worst[0]}).")
+                           f"error {100 * worst[ERROR]:+.1f}% ({worst[0]}); mean |error| {100 * mean:.1f}%.")
         table.notes.append(order_note([(row[0], row[PREDICTED], row[MEASURED], row[CI] or 0.0) for row in counted]))
     else:
         table.notes.append("No prediction was registered before its runs started: no accuracy is claimed.")
     table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(sources))}.")
+    if any(row[CI] is not None for row in rows):
+        table.notes.append("Measured step: mean ± 95 % half-width over the repeats. " + span_note(results))
     return table
 
 

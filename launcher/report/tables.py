@@ -207,6 +207,18 @@ def shrink_notes(rows: list[dict]) -> list[str]:
             for r in rows for c in r["layout_changes"]]
 
 
+def span_note(results: list[RunResult]) -> str:
+    """What a table's 95 % intervals span (issue 41): the repeats of one sweep, started when, on one cluster; they do
+    not say how far another day or another machine of the same kind would move the result."""
+    starts = sorted(r.started_at for r in results if r.started_at)
+    when = ""
+    if starts:
+        first, last = starts[0][:16].replace("T", " "), starts[-1][:16].replace("T", " ")
+        when = f", started {first}–{last[11:] if last[:10] == first[:10] else last} UTC"
+    return (f"Intervals span the repeats (seeds) of this one sweep{when}, on the one cluster it ran on: seed-to-seed "
+            f"and run-to-run variation within that session, not another day's or another machine's.")
+
+
 def _paper(key: str):
     return lambda r: TABLES[r["strategy"]][key] if reproduces_paper(r) else None
 
@@ -308,7 +320,8 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
     table.notes.append(
         "n runs per configuration, seeds train.seed, train.seed + 1, ...: ± is the 95 % confidence half-width of the "
         "mean (Student t); ratios to FSDP are geometric means over the seeds both ran, with their 95 % interval in "
-        "brackets, and \"Within noise of FSDP\" names the measures whose interval holds 1." if spread else
+        "brackets, and \"Within noise of FSDP\" names the measures whose interval holds 1. " + span_note(results)
+        if spread else
         "One run per configuration: every number is a single sample, so a difference of a few percent may be "
         "run-to-run noise (sweep.repeats=3 gives intervals).")
     if baselines:
