@@ -96,11 +96,12 @@ def test_testbed_readme_quotes_each_validation_as_its_data_gives_it(where):
 
 @pytest.mark.parametrize("where", [w for w in sorted(COMMITTED) if (RESULTS / w / "README.md").exists()])
 def test_a_sweep_readme_gives_the_command_that_rebuilds_it(where):
-    """Each study sweep's README says how it was made (command, commit, machine, date) and how to rebuild it."""
+    """Each study sweep's README says how it was made (command, commit, machine, date), what its intervals span
+    (issue 41: seeds of one session on one machine) and how to rebuild it."""
     readme = (RESULTS / where / "README.md").read_text()
     assert f"`python -m launcher action=report results_dir=results/{where}`" in readme
     assert re.search(r"^    (slurm/testbed/lab )?python -m launcher .*sweep=", readme, re.M)  # the command that ran
-    for line in ("- Commit: ", "- Machine: ", "- Date: 2026-", "- What it shows: "):
+    for line in ("- Commit: ", "- Machine: ", "- Date: 2026-", "- Intervals: ", "- What it shows: "):
         assert line in readme, line
 
 
