@@ -93,7 +93,8 @@ def test_the_testbed_table3_rerun_is_quoted_and_judged_as_its_data_give_it():
                 f"{float(before['× faster than FSDP high']):.2f} | {'yes' if inside else '**no**'}") in readme
 
 
-@pytest.mark.parametrize("where", ["testbed/validation_model_parallel_mha", "testbed/validation_model_parallel_inplace"])
+@pytest.mark.parametrize("where", ["testbed/validation_model_parallel_mha",
+                                   "testbed/validation_model_parallel_inplace"])
 def test_the_from_parts_columns_are_the_committed_post_hoc_plans(where):
     """Issue 41, item 4: the "from parts, post hoc" column is from_parts/plan.json (the sweep's own probe without
     its in-place stage steps) against the measured steps; the probe it used is the committed one less `layouts`."""
