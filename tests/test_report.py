@@ -318,7 +318,13 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     [row] = prediction_table(reps, plan, reg_reps).rows
     assert row[5:9] == [0.9, 0.75, pytest.approx(12.7062 * 2 ** 0.5 / 2 ** 0.5 / 8, rel=1e-4), pytest.approx(0.2)]
     assert row[11:13] == ["registered", 2]
-    assert prediction_table(reps, plan, reg_reps).notes[-1] == "network: probe x; compute: measured."
+    notes = prediction_table(reps, plan, reg_reps).notes
+    assert notes[-2] == "network: probe x; compute: measured."
+    # what the interval spans: this sweep's repeats, when they started, and not another day or machine
+    assert notes[-1].startswith("Measured step: mean ± 95 % half-width over the repeats. Intervals span the repeats "
+                                "(seeds) of this one sweep, started ")
+    assert "not another day's or another machine's" in notes[-1]
+    assert "mean |error| 20.0%" in notes[0]
     del reg_reps["hsdp-F1-R2-S2-rep2"]
     assert prediction_table(reps, {"runs": [{**entry("hsdp-F1-R2-S2-rep1", 0.9)}]}, reg_reps).rows[0][11] == "post hoc"
     note = order_note([("a", 1.0, 2.0, 0.1), ("b", 2.0, 1.0, 0.1), ("c", 3.0, 3.0, 0.1), ("d", 3.5, 2.95, 0.1)])
