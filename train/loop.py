@@ -55,7 +55,7 @@ class Trainer:
             c = self.cfg
             self.pipeline = pipeline.Pipeline(self.model, self.mesh, c.n_microbatches, c.pp_schedule, device,
                                               c.batch_per_rank, c.seq_len, c.precision)
-        self.optimizer = optim.adamw(self.model.parameters(), self.cfg)
+        self.optimizer = optim.adamw(self.model.parameters(), self.cfg, fused=device == "cuda")
         self.schedule = optim.schedule(self.optimizer, self.cfg)
         self.state = checkpoint.TrainState(self.schedule)
         self.checkpointer = checkpoint.Checkpointer(spec, rank)

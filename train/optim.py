@@ -8,8 +8,13 @@ import torch
 from train.config import TrainConfig
 
 
-def adamw(params, cfg: TrainConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay)
+def adamw(params, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    """`fused`: one kernel per parameter group with its step counters kept on the device (no host scalar read
+    per step); the trainer asks for it on CUDA, where torch fuses AdamW over FSDP2's DTensor parameters as
+    torchtitan does. Otherwise torch's default (foreach on CUDA, one tensor at a time on CPU), which every CPU
+    parity test and committed CPU result ran."""
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             fused=fused or None)
 
 
 def lr_factor(step: int, cfg: TrainConfig) -> float:
