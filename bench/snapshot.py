@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from launcher.slurm.hostlist import compress
+from launcher.slurm.parse import parse_key_values
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 CAPTURES = {
@@ -28,10 +29,6 @@ CAPTURES = {
 MIX = {"IDLE": 0.80, "MIXED": 0.06, "ALLOCATED": 0.06, "IDLE+DRAIN": 0.04, "DOWN": 0.04}
 LEAF, CELL = 32, 16
 _REASON = " Reason=bench {} [root@2026-11-29T07:21:04]"
-
-
-def _state(record: str) -> str:
-    return re.search(r" State=(\S+)", record).group(1)
 
 
 @cache
@@ -45,7 +42,7 @@ def records(version: str) -> dict[str, str]:
         lines += text.splitlines() if "\n   " not in text else [text.replace("\n   ", " ")]
     by_state = {}
     for line in lines:
-        by_state.setdefault(_state(line), line)
+        by_state.setdefault(parse_key_values(line)["State"], line)
     idle = by_state["IDLE"]
     for state in MIX:
         if state not in by_state:
