@@ -3,8 +3,8 @@
 Runs the four strategies over the node's GPUs (NCCL, bf16 compute over fp32 master weights) for a few
 steps of a small Llama through the real entrypoint (`torchrun -m train SPEC.json`), and checks:
 
-1. every step's loss (--compare: the first N) against the same strategy in fp32 on CPU ranks (gloo): relative difference
-   within --tolerance (default 2 %: bf16 keeps 8 bits of mantissa, so the losses agree to ~3 digits);
+1. every step's loss (--loss-steps: the first N) against the same strategy in fp32 on CPU ranks (gloo): relative
+   difference within --tolerance (default 2 %: bf16 keeps 8 bits of mantissa, so the losses agree to ~3 digits);
 2. averaging identical bf16 models is a no-op: FL+FSDP with 3 groups of 1 rank, bf16 parameters
    (precision=paper) and a learning rate of 1e-30, so the groups never diverge, gives bitwise the same
    losses averaging after every step (A=1) as never averaging;
@@ -15,9 +15,12 @@ the exposed communication per step (the steps' waits on collectives, train/measu
 Layouts need 2 ranks (FL+HSDP: 4); those that do not fit the node's GPUs are skipped, saying so.
 With `--model PRESET` (llama3_8b: the paper's) it then measures the job itself (bench/gpu_job.py): FSDP over the
 node's GPUs at 2 x 2,048 tokens per GPU, tokens/s, MFU, peak memory against the memory model and the dry-run,
-energy. `--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any
+energy. `--compare` then runs that job once per way its layers can run (bench/gpu_job.py's VARIANTS: eager,
+compiled, compiled with selective activation checkpointing, and with float8 where the GPU has fp8) side by side,
+with torchtitan's published tokens/s per GPU beside them for the same GPU model, count and setting.
+`--device cpu --ranks N` runs the same checks on CPU ranks (that is how the tests run it). Exit 1 if any
 check fails. Run: python -m bench.gpu_check [--steps 8] [--check-model small] [--seq-len 256] [--out DIR]
-[--strategies fsdp,hsdp,...] (a subset: a quicker check) [--model llama3_8b [--job-steps 20]].
+[--strategies fsdp,hsdp,...] (a subset: a quicker check) [--model llama3_8b [--job-steps 20] [--compare]].
 """
 from __future__ import annotations
 
@@ -86,7 +89,7 @@ def spec(run_id: str, strategy: str, layout, out: Path, args, device: str, preci
 def check_strategies(args, device: str, out: Path) -> bool:
     ok = True
     print(f"{'strategy':<8} {'(F,R,S)':<10} {'tokens/s/dev':>12} {'MFU':>7} {'exposed':>10} {'tokens/J':>9}  "
-          f"{args.compare} step losses vs fp32 CPU")
+          f"{args.loss_steps} step losses vs fp32 CPU")
     energy_sources = set()
     chosen = {s: layout for s, layout in layouts(args.ranks).items() if s in args.strategies}
     for strategy, layout in chosen.items():
@@ -94,7 +97,7 @@ def check_strategies(args, device: str, out: Path) -> bool:
                                args.ranks, out, device)
         _, reference = train(spec(f"{strategy}-reference", strategy, layout, out, args, "cpu", "fp32"),
                              args.ranks, out, "cpu")
-        worst = max(abs(a - b) / abs(b) for a, b in zip(losses[:args.compare], reference[:args.compare]))
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses[:args.loss_steps], reference[:args.loss_steps]))
         passed = worst <= args.tolerance
         ok &= passed
         mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
@@ -140,7 +143,9 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help="comma-separated subset of the four strategies to check (all)")
-    parser.add_argument("--compare", type=int, default=None, help="leading steps whose losses are compared (all)")
+    parser.add_argument("--loss-steps", type=int, default=None, help="leading steps whose losses are compared (all)")
+    parser.add_argument("--compare", action="store_true", help="with --model: the job eager, compiled, with "
+                        "selective activation checkpointing and float8, side by side")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=2, help="sequences per rank per step")
     parser.add_argument("--tolerance", type=float, default=0.02, help="relative loss difference allowed")
@@ -160,7 +165,9 @@ def main(argv=None) -> int:
                                                Path("/nonexistent"), None))
         except FedshardError as exc:
             parser.error(f"--model {args.model}: {exc}")
-    args.compare = args.compare or args.steps
+    if args.compare and not args.model:
+        parser.error("--compare measures the job: give --model (llama3_8b: the paper's)")
+    args.loss_steps = args.loss_steps or args.steps
     args.ranks = args.ranks or (torch.cuda.device_count() if device == "cuda" else 2)
     if device == "cuda" and args.ranks > torch.cuda.device_count():
         parser.error(f"--ranks {args.ranks} but only {torch.cuda.device_count()} GPU(s): NCCL needs one GPU per rank")
@@ -173,6 +180,8 @@ def main(argv=None) -> int:
         ok &= check_bf16_average_is_a_no_op(args, device, out) is not False
         if args.model:
             ok &= gpu_job.measure(args, device, out, train)
+        if args.compare:
+            ok &= gpu_job.compare(args, device, out, train)
     print("gpu_check: " + ("all checks passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -26,6 +26,18 @@ from train.spec import RunSpec
 PEAK_BF16_FLOPS = (("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12),
                    ("A100", 312e12))
 USABLE = 0.92  # of a GPU's memory the model may plan for: the CUDA context, NCCL and fragmentation take the rest
+# --compare: how the job's layers run, each beside the last (fused AdamW is on in all of them: the trainer's on CUDA)
+VARIANTS = {"eager": {}, "compiled": {"compile": True},
+            "compiled + selective AC": {"compile": True, "activation_checkpointing": "selective"},
+            "compiled + selective AC + float8": {"compile": True, "activation_checkpointing": "selective",
+                                                 "float8": True}}
+# torchtitan's published tokens/s per GPU, Llama-3.1-8B under FSDP, 2 x 8,192 tokens per GPU, selective activation
+# checkpointing, bf16 (its docs/performance.md, Table 1, and benchmarks/llama3_h100_202412_torchtitan.md; H100s of
+# 96 GB at 500 W): {(GPU model, GPUs): {our variant of the same setting: figure}}. Its plain FSDP row (selective
+# checkpointing, not compiled) has no variant of ours beside it.
+TORCHTITAN = {("H100", 8): {"compiled + selective AC": 6_667, "compiled + selective AC + float8": 8_532},
+              ("H100", 128): {"compiled + selective AC": 6_514, "compiled + selective AC + float8": 8_380}}
+TORCHTITAN_TOKENS = (2, 8192)  # its batch per GPU and sequence length
 
 
 def peak_flops_of(name: str) -> float | None:
@@ -97,3 +109,57 @@ def measure(args, device: str, out: Path, train) -> bool:
     energy = f"{result.energy_j:,.0f} J, {result.tokens_per_j:,.1f} tokens/J" if result.energy_j is not None else "-"
     print(f"job: energy {energy} ({result.energy_source})")
     return True
+
+
+def torchtitan_figures(name: str, gpus: int, batch: int, seq_len: int, layers: int, whole: int) -> dict[str, int]:
+    """torchtitan's published figures for this GPU model and count at this job's setting, or none."""
+    if (batch, seq_len) != TORCHTITAN_TOKENS or layers != whole:
+        return {}
+    return next((figures for (model, n), figures in TORCHTITAN.items() if model in name and n == gpus), {})
+
+
+def compare(args, device: str, out: Path, train) -> bool:
+    """Run the job once per VARIANTS entry, on the same layers (those the memory model fits without
+    checkpointing), and print each one's tokens/s per GPU, MFU, peak memory and compile time side by side, with
+    torchtitan's published figure for the same setting where one exists; False if a variant failed."""
+    from train.parallel import float8
+
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    capacity = torch.cuda.get_device_properties(0).total_memory * USABLE if device == "cuda" else None
+    peak = args.peak_flops or (peak_flops_of(name) if device == "cuda" else None)
+    base = job_spec(args.model, None, args.ranks, args.job_steps + 1, args.job_seq_len, args.job_batch, device, out,
+                    peak)
+    layers, whole = layers_that_fit(base, capacity)
+    if layers == 0:
+        print(f"compare: {args.model} does not fit {args.ranks} GPU(s) even with one layer")
+        return False
+    base["model"]["num_hidden_layers"] = layers
+    theirs = torchtitan_figures(name, args.ranks, args.job_batch, args.job_seq_len, layers, whole)
+    print(f"compare: {args.model}, {layers} of {whole} layers, FSDP over {args.ranks} {name} rank(s), "
+          f"{args.job_batch} x {args.job_seq_len} tokens per GPU, {args.job_steps} timed steps after one warm-up; "
+          f"AdamW {'fused' if device == 'cuda' else 'unfused (CPU)'} throughout")
+    print(f"{'variant':<34} {'tokens/s/GPU':>12} {'MFU':>7} {'peak GB':>8} {'compile s':>9}  torchtitan")
+    ok = True
+    for i, (variant, keys) in enumerate(VARIANTS.items()):
+        refused = float8.why_not(device, 1) if keys.get("float8") else None
+        if refused:
+            print(f"{variant:<34} not run: {refused}")
+            continue
+        spec = copy.deepcopy(base)
+        spec["run_id"], spec["out_dir"] = f"compare-{i}", str(out / f"compare-{i}")
+        spec["train"].update(keys)
+        try:
+            result, _ = train(spec, args.ranks, out, device)
+        except RuntimeError as exc:
+            print(f"{variant:<34} FAILED: {str(exc).splitlines()[0][:200]}")
+            ok = False
+            continue
+        mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
+        figure = theirs.get(variant)
+        beside = (f"{figure:,} ({result.tokens_per_s_per_device / figure:.2f}x of it)" if figure else "-")
+        print(f"{variant:<34} {result.tokens_per_s_per_device:>12,.0f} {mfu:>7} "
+              f"{result.peak_memory_bytes / 1e9:>8.2f} {result.compile_s:>9.2f}  {beside}")
+    if not theirs:
+        print(f"compare: torchtitan publishes no figure for {args.ranks} x {name} at this setting (it has 8 and 128 "
+              f"H100s, all layers, {TORCHTITAN_TOKENS[0]} x {TORCHTITAN_TOKENS[1]} tokens per GPU)")
+    return ok

@@ -26,7 +26,7 @@ VARIANTS = {
     "paper": {},
     "bf16": {"precision": "bf16"},
     "paper reduce fp32": {"reduce_dtype": "fp32"},
-    "paper checkpointing": {"activation_checkpointing": True},
+    "paper checkpointing": {"activation_checkpointing": "full"},
     "paper diloco": {"outer": "diloco"},
     "bf16 diloco": {"precision": "bf16", "outer": "diloco"},
     "paper tp2": {"tp": 2},
@@ -34,7 +34,7 @@ VARIANTS = {
     "paper pp2": {"pp": 2, "batch_per_rank": 4},
     "paper pp4": {"pp": 4, "batch_per_rank": 8},
     "paper pp2 reduce fp32": {"pp": 2, "batch_per_rank": 4, "reduce_dtype": "fp32"},
-    "paper tp2 pp2 checkpointing": {"tp": 2, "pp": 2, "batch_per_rank": 4, "activation_checkpointing": True},
+    "paper tp2 pp2 checkpointing": {"tp": 2, "pp": 2, "batch_per_rank": 4, "activation_checkpointing": "full"},
 }
 
 

@@ -14,13 +14,13 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
 
 from train import model as models
 from train import optim
 from train.data.sources import build_source, global_batch, rank_rows
 from train.loop import Trainer
 from train.parallel import mesh as meshes
-from train.parallel import parallelize
 from train.parallel.dims import Dims
 from train.runtime.local_ranks import run_ranks
 from train.spec import RunSpec
@@ -30,7 +30,10 @@ def _bare(spec: RunSpec, ids: torch.Tensor, steps: int) -> float:
     """Seconds per step of the plainest FSDP2 loop: forward, backward, optimizer step."""
     torch.manual_seed(spec.train.seed)
     model = models.build(models.llama_config(spec.model), "cpu")
-    parallelize.shard(model, meshes.build("cpu", Dims(1, 1, spec.S))["shard"], "fp32", "fp32")
+    shard_mesh = meshes.build("cpu", Dims(1, 1, spec.S))["shard"]
+    for layer in model.model.layers:  # the plainest wrapping: each layer, then the rest in the root
+        fully_shard(layer, mesh=shard_mesh)
+    fully_shard(model, mesh=shard_mesh)
     opt = optim.adamw(model.parameters(), spec.train)
     dist.barrier()
     t = time.perf_counter()

@@ -161,4 +161,4 @@ def check_fits(run_id: str, memory: dict) -> None:
         raise ConfigError(f"{run_id}: its dry-run peaks at {peak / GB:.3g} GB per device but a device has "
                           f"{memory['device_bytes'] / GB:.3g} GB less {memory['reserve_bytes'] / GB:.3g} GB kept "
                           f"free (cluster.memory_reserve_GB) = {room / GB:.3g} GB: shard more (S), split the model "
-                          f"(train.tp, train.pp) or set train.activation_checkpointing=true")
+                          f"(train.tp, train.pp) or set train.activation_checkpointing=full")

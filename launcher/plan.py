@@ -321,6 +321,21 @@ def check_host_memory(settings: Settings, runs: list[Run]) -> None:
                               f"(model=tiny), fewer ranks (cluster.nodes, cluster.gpus_per_node) or a GPU cluster")
 
 
+def check_float8(settings: Settings, runs: list[Run]) -> None:
+    """Refuse, before anything is submitted, float8 training where the cluster's devices have no fp8 (the job
+    itself refuses it on a GPU without, train.parallel.float8)."""
+    cluster = settings.cluster
+    wanted = [run.run_id for run in runs if run.spec.train.float8]
+    if not wanted:
+        return
+    if cluster.device != "cuda":
+        raise ConfigError(f"{wanted[0]}: train.float8=true needs GPUs with fp8 tensor cores (H100, H200, B200), but "
+                          f"cluster {cluster.name} runs on {cluster.device}")
+    if cluster.fp8 is False:
+        raise ConfigError(f"{wanted[0]}: train.float8=true needs GPUs with fp8 tensor cores (H100, H200, B200), but "
+                          f"cluster {cluster.name}'s have none (cluster.fp8=false)")
+
+
 def check_memory(settings: Settings, runs: list[Run]) -> None:
     """Refuse, before anything is submitted, a run whose devices cannot hold it (cluster.gpu_memory_GB), or
     whose ranks together do not fit in this machine's memory (cluster=local)."""
@@ -334,7 +349,7 @@ def check_memory(settings: Settings, runs: list[Run]) -> None:
             parts = ", ".join(f"{k} {human_bytes(v)}" for k, v in need.to_dict().items() if k != "total")
             raise ConfigError(f"{run.run_id} needs {human_bytes(need.total)} per device ({parts}) but a device has "
                               f"{capacity:g} GB (cluster.gpu_memory_GB): shard more (S), split the model "
-                              f"(train.tp, train.pp) or set train.activation_checkpointing=true")
+                              f"(train.tp, train.pp) or set train.activation_checkpointing=full")
 
 
 def close_to_best(ranking: list[dict]) -> int:
@@ -365,6 +380,7 @@ def plan(settings: Settings, runs: list[Run] | None = None,
     runs = expand(settings) if runs is None else runs
     if settings.retry_shrink:
         shrink.check(runs)
+    check_float8(settings, runs)
     check_memory(settings, runs)
     store = Store(settings.sweep_dir)  # a malformed manifest stops the plan before anything is written
     out = output_dir(settings, store)

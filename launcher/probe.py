@@ -27,6 +27,7 @@ from launcher.settings import Settings
 from launcher.slurm.submit import task_lines
 from launcher.sweep import expand
 from train.common import write_atomic
+from train.config import TrainConfig
 
 GB = 1e9
 
@@ -49,10 +50,14 @@ def workload(run) -> dict:
 
 def layout(run) -> dict:
     """What a run's step of compute depends on, measured in place (train.measure.calibrate_layout), pp = tp = 1
-    included: its workload at the batch of one data-parallel rank, and its degrees, microbatches and schedule."""
+    included: its workload at the batch of one data-parallel rank, its degrees, microbatches and schedule, and how
+    its layers run where that is not the default (activation checkpointing, torch.compile: a probe.json from before
+    they existed still names its layouts)."""
     t = run.spec.train
+    kernels = {k: v for k, v in (("activation_checkpointing", t.activation_checkpointing), ("compile", t.compile))
+               if v != TrainConfig.__dataclass_fields__[k].default}
     return {**workload(run), "pp": t.pp, "tp": t.tp, "microbatches": t.n_microbatches, "pp_schedule": t.pp_schedule,
-            "sequence_parallel": t.sequence_parallel}
+            "sequence_parallel": t.sequence_parallel, **kernels}
 
 
 def distinct(items) -> list[dict]:

@@ -45,6 +45,8 @@ class Cluster:
     gpu_memory_GB: float | None = None  # each device's memory: a layout that cannot fit is refused (null: no check)
     memory_reserve_GB: float | None = None  # kept free on each device (CUDA context, NCCL buffers, fragmentation):
                                             # the dry-run's peak must fit gpu_memory_GB less this (null: 0)
+    fp8: bool | None = None       # the GPUs compute in fp8 (H100, H200, B200: true; A100: false): train.float8 is
+                                  # refused before submitting where false (null: checked when the job starts)
     probe: str | None = None      # a probe.json for the step-time model (launcher.prediction)
     partition: str | int | None = None
     account: str | int | None = None

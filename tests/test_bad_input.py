@@ -306,7 +306,7 @@ CASES = [
      launcher("action=dryrun", "cluster.gpu_memory_GB=0.004", "cluster.memory_reserve_GB=0.002"),
      "fsdp-F1-R1-S4: its dry-run peaks at 0.00284 GB per device but a device has 0.004 GB less 0.002 GB kept free "
      "(cluster.memory_reserve_GB) = 0.002 GB: shard more (S), split the model (train.tp, train.pp) or set "
-     "train.activation_checkpointing=true", None),
+     "train.activation_checkpointing=full", None),
     ("dryrun-host-sync-in-step", launcher("action=dryrun", "train.on_nonfinite=skip_step"),
      "fsdp-F1-R1-S4: dry-run of rank 0: a host sync in a training step: nonfinite.py:", None),
     ("shrink-with-model-parallel", launcher("retry_shrink=true", "train.checkpoint_every=2", "train.tp=2"),

@@ -24,6 +24,8 @@ CASES = {  # (spec, rank played): the four strategies, tp 2, pp 2 (both ends), D
     "diloco_int8": ({"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 2, "A": 4,
                      "train": {"outer": "diloco", "aggregation_dtype": "int8"}}, 0),
     "paper_bf16": ({"strategy": "fl_hsdp", "F": 2, "R": 2, "S": 1, "A": 4, "train": {"precision": "paper"}}, 0),
+    "selective_checkpointing": ({"strategy": "fsdp", "F": 1, "R": 1, "S": 4,
+                                 "train": {"activation_checkpointing": "selective"}}, 0),
 }
 
 
@@ -63,6 +65,25 @@ def _model_sends_what_the_dry_run_sent(spec: RunSpec, played: dict) -> None:
     for per, groups in sides.items():
         for group, sent in groups.items():
             assert sent["dryrun"] == pytest.approx(sent["model"], rel=0.02, abs=64), (per, group)
+
+
+def _step_calls(raw: dict, tmp_path, rank: int = 0) -> dict[str, int]:
+    played = dryrun(RunSpec.from_dict(_spec(raw, tmp_path)), rank)
+    return {c["op"]: c["count"] for c in played["collectives"]["step"] if c["group"] == "shard"}
+
+
+def test_fsdp_units_are_torchtitans(tmp_path):
+    """train.parallel.parallelize.shard, counted by the dry-run: the embedding gathered in forward and again in
+    backward, each layer likewise, lm_head and the root (the final norm) once, as backward needs them first; one
+    reduce-scatter each. Under pp no unit is resharded after forward: one gather each a step, whatever the
+    microbatches (the tiny preset: 2 layers)."""
+    layers = 2
+    assert _step_calls({"strategy": "fsdp", "F": 1, "R": 1, "S": 4}, tmp_path) == {
+        "_allgather_base_": 2 + 2 * layers + 1 + 1, "_reduce_scatter_base_": layers + 3}
+    pp = {"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "train": {"pp": 2, "microbatches": 4, "batch_per_rank": 4}}
+    assert _step_calls(pp, tmp_path, rank=0) == {"_allgather_base_": 1 + 1, "_reduce_scatter_base_": 1 + 1}  # first
+    assert _step_calls(pp, tmp_path, rank=3) == {"_allgather_base_": 1 + 1 + 1,                          # last
+                                                 "_reduce_scatter_base_": 1 + 1 + 1}
 
 
 def test_the_model_prices_the_tensor_and_pipeline_traffic_sequence_parallelism_issues(tmp_path):

@@ -68,3 +68,43 @@ def test_gpu_check_on_cpu_ranks_runs_every_check(monkeypatch, capsys):
     assert "memory model 0." in job[2] and "dry-run 0." in job[2]  # predicted for the same spec, in GB
     assert job[3].startswith("job: energy ")
     assert lines[-1] == "gpu_check: all checks passed"
+
+
+def test_torchtitans_figure_is_beside_only_the_same_gpus_and_setting():
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert gpu_job.torchtitan_figures(h100, 8, 2, 8192, 32, 32)["compiled + selective AC"] == 6_667
+    assert gpu_job.torchtitan_figures(h100, 128, 2, 8192, 32, 32)["compiled + selective AC + float8"] == 8_380
+    assert gpu_job.torchtitan_figures("NVIDIA H200", 8, 2, 8192, 32, 32) == {}  # another GPU model
+    assert gpu_job.torchtitan_figures(h100, 4, 2, 8192, 32, 32) == {}           # another count
+    assert gpu_job.torchtitan_figures(h100, 8, 2, 2048, 32, 32) == {}           # another setting
+    assert gpu_job.torchtitan_figures(h100, 8, 2, 8192, 20, 32) == {}           # fewer layers than the model's
+
+
+def test_compare_needs_the_job(capsys):
+    with pytest.raises(SystemExit):
+        main(["--device", "cpu", "--compare"])
+    assert "--compare measures the job: give --model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_compare_runs_the_job_each_way_side_by_side(monkeypatch, capsys):
+    """--compare on CPU ranks: eager, compiled (inductor's C++ backend) and compiled with selective checkpointing
+    run and print their line; float8 is refused in one line (no fp8 on a CPU)."""
+    def forked_torchrun(spec_path, ranks, env):
+        ranks = forked.torchrun("train", str(spec_path), nproc=ranks, env={**clean_env(), **env})
+        return ranks.wait(timeout=600), ranks.stderr
+
+    monkeypatch.setattr(gpu_check, "torchrun", forked_torchrun)
+    status = main(["--device", "cpu", "--ranks", "2", "--check-model", "tiny", "--steps", "1", "--seq-len", "16",
+                   "--strategies", "fsdp", "--model", "tiny", "--job-steps", "2", "--job-seq-len", "32", "--compare"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    lines = out.splitlines()
+    assert any(line.startswith("compare: tiny, 2 of 2 layers, FSDP over 2 cpu rank(s)") for line in lines), out
+    rows = {variant: next(line for line in lines if line.startswith(variant + " ")) for variant in gpu_job.VARIANTS}
+    for variant in ("eager", "compiled", "compiled + selective AC"):
+        tokens, _mfu, peak, compile_s = rows[variant][34:].split()[:4]
+        assert float(tokens.replace(",", "")) > 0 and float(peak) > 0
+        assert (float(compile_s) > 0) == (variant != "eager")  # compilation timed apart, only where compiled
+    assert "not run: train.float8=true needs a GPU with fp8 tensor cores" in rows["compiled + selective AC + float8"]
+    assert any(line.startswith("compare: torchtitan publishes no figure for 2 x cpu") for line in lines)

@@ -71,7 +71,7 @@ def test_memory_model_moves_as_the_layout_says():
     gpipe = memory.per_device(llama, memory.Layout(**{**base.__dict__, "P": 4, "microbatches": 8, "schedule": "gpipe"}))
     one_f_one_b = memory.per_device(llama, memory.Layout(**{**base.__dict__, "P": 4, "microbatches": 8}))
     assert one_f_one_b.activations < gpipe.activations  # 1F1B holds at most pp microbatches
-    checkpointed = memory.per_device(llama, memory.Layout(**{**base.__dict__, "checkpointing": True}))
+    checkpointed = memory.per_device(llama, memory.Layout(**{**base.__dict__, "checkpointing": "full"}))
     assert checkpointed.activations < plain.activations / 4  # what is left is mostly the loss over 128k logits
     # parameters + AdamW moments in bf16 over 8 shards, gradients freed before the activation peak
     assert plain.state == (Shapes.of(llama).root + 32 * Shapes.of(llama).layer) / 8 * 6

@@ -20,7 +20,7 @@ from train.parallel.strategy import Layout
 from train.presets import PRESETS
 from train.spec import FEDAVG_CHUNK_BYTES
 
-SHAPES = Shapes(root=100, layer=10, layers=2)  # units: root 100, two layers of 10 parameters
+SHAPES = Shapes(root=100, layer=10, layers=2)  # units: embedding 50, lm_head 50, two layers of 10 parameters
 FP32 = Model(params=120, layers=2, bytes_per_param=4)
 NOMINAL = Network.nominal([1e3, 1e2, 1e1])     # bytes/s inside a node, under a leaf, across the spine
 COMPUTE = Compute(forward_s=1.0, backward_s=2.0, optimizer_s=4.0, source="test")
@@ -32,13 +32,14 @@ def _step(strategy, F, R, S, A, loads, compute=COMPUTE, overlap=False, network=N
 
 
 def test_fsdp_step_by_hand():
-    # all_gather: root once (not resharded after forward), each layer twice: (400 + 2 * 2 * 40) bytes;
-    # reduce_scatter: every unit once: 480 bytes; both x (S-1)/S = 3/4, over 100 B/s at the leaf level
+    # all_gather: the embedding twice (resharded after forward), lm_head once (kept for backward), each layer
+    # twice: (2 * 200 + 200 + 2 * 2 * 40) bytes; reduce_scatter: every unit once: 480 bytes; both x (S-1)/S = 3/4,
+    # over 100 B/s at the leaf level
     t = _step("fsdp", 1, 1, 4, None, {"shard": LEAF, "replicate": {}, "federation": {}})
-    assert t.comm_s["shard"] == pytest.approx((560 + 480) * 0.75 / 100)
+    assert t.comm_s["shard"] == pytest.approx((760 + 480) * 0.75 / 100)
     assert t.compute_s == pytest.approx(1 + 2 + 4 / 4)  # the optimizer updates a quarter of the model
-    assert t.no_overlap_s == pytest.approx(4 + 7.8)
-    assert t.full_overlap_s == pytest.approx(max(3, 7.8) + 1)
+    assert t.no_overlap_s == pytest.approx(4 + 9.3)
+    assert t.full_overlap_s == pytest.approx(max(3, 9.3) + 1)
     assert t.step_s == t.no_overlap_s  # CPU: no overlap
     assert _step("fsdp", 1, 1, 4, None, {"shard": LEAF, "replicate": {}, "federation": {}},
                  overlap=True).step_s == t.full_overlap_s
@@ -47,7 +48,7 @@ def test_fsdp_step_by_hand():
 def test_fl_hsdp_step_by_hand():
     loads = {"shard": {-1: 1}, "replicate": {0: 1}, "federation": {1: 1}}
     t = _step("fl_hsdp", 2, 2, 2, 4, loads)
-    shard = (560 + 480) * 0.5 / 1e3
+    shard = (760 + 480) * 0.5 / 1e3
     replicate = 480 / 2 * (2 * 1 / 2) / 1e2  # all_reduce of each unit's half, R = 2
     federation = (480 / 2 * 1 / 1e1 + 480 / 2 / 1e2) / 4  # FedAvg all_reduce across the spine, broadcast to R
     assert t.comm_s == pytest.approx({"shard": shard, "replicate": replicate, "federation": federation, "sync": 0})
@@ -59,7 +60,7 @@ def test_latency_is_paid_per_collective():
     network.links = {k: type(v)(0.5, v.bytes_per_s) for k, v in network.links.items()}
     loads = {"shard": LEAF, "replicate": {}, "federation": {}}
     no_alpha, alpha = _step("fsdp", 1, 1, 4, None, loads), _step("fsdp", 1, 1, 4, None, loads, network=network)
-    assert alpha.comm_s["shard"] - no_alpha.comm_s["shard"] == pytest.approx(0.5 * (5 + 3))  # 5 gathers, 3 reduces
+    assert alpha.comm_s["shard"] - no_alpha.comm_s["shard"] == pytest.approx(0.5 * (7 + 4))  # 7 gathers, 4 reduces
 
 
 def test_infinite_A_and_F_1_reduce_to_fsdp_and_hsdp():
@@ -184,7 +185,7 @@ def test_world_barriers_are_priced_per_step_and_never_hidden():
 
 
 def test_tensor_parallel_step_by_hand():
-    # tp = 2: the root keeps its embedding (50) whole and half its lm_head (25); each layer is 5 per rank.
+    # tp = 2: the embedding (50) whole, gathered twice, half of lm_head (25), once; each layer is 5 per rank.
     # Per layer 7 all_reduces of a microbatch's activations (8 tokens x 2 hidden x 4 B = 64 B): 2 in forward, one
     # per column-wise matrix's input gradient in backward; one more for lm_head's input gradient, and the logits
     # gathered (8 x 5 x 4 = 160 B), inside a node (1e3 B/s).
@@ -193,7 +194,7 @@ def test_tensor_parallel_step_by_hand():
         "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {-1: 1}, "pipeline": {}}),
                   COMPUTE, overlap=False, mp=mp)
     assert t.comm_s["tensor"] == pytest.approx(15 * 64 * 1.0 / 1e3 + 160 * 0.5 / 1e3)
-    assert t.comm_s["shard"] == pytest.approx(((75 + 2 * 2 * 5) * 4 + (75 + 2 * 5) * 4) * 0.75 / 100)
+    assert t.comm_s["shard"] == pytest.approx(((2 * 50 + 25 + 2 * 2 * 5) * 4 + (75 + 2 * 5) * 4) * 0.75 / 100)
     assert t.compute_s == pytest.approx(3.0 / 2 + 4.0 / (4 * 2))  # forward+backward / tp, optimizer / (S x tp)
 
 
@@ -212,14 +213,14 @@ def test_sequence_parallel_tensor_step_by_hand():
 def test_pipeline_step_by_hand():
     # pp = 2 with 2 microbatches: 3 slots, each sending a microbatch's activations (4 x 2 x 4 = 32 B) forward
     # and their gradient back across a leaf (100 B/s); compute halved, then stretched by the bubble (2+2-1)/2.
-    # The layer is gathered in forward once per microbatch (FSDP2 reshards it after each) and once in backward.
+    # No unit reshards after forward under pp: the layer and the embedding are gathered once a step.
     mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
     t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
         "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {}, "pipeline": {0: 1}}),
                   COMPUTE, overlap=True, mp=mp)
     assert t.comm_s["pipeline"] == pytest.approx(2 * 3 * 32 / 100)
     # one layer and the embedding per rank
-    assert t.comm_s["shard"] == pytest.approx(((50 + 3 * 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
+    assert t.comm_s["shard"] == pytest.approx(((50 + 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
     assert t.compute_s == pytest.approx(3.0 / 2 * 3 / 2 + 4.0 / (4 * 2))
     # nothing overlaps the pipeline's sends, even with FSDP's traffic hidden behind compute
     assert t.full_overlap_s == pytest.approx(max(3.0 / 2 * 3 / 2, t.comm_s["shard"]) + 4.0 / 8 + t.comm_s["pipeline"])

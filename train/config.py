@@ -36,6 +36,7 @@ OUTERS = ("fedavg", "diloco")  # what a federated run does every A steps (train/
 WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.federation.compress)
 ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.runtime.nonfinite)
 PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.parallel.pipeline)
+CHECKPOINTING = ("none", "full", "selective")  # train.activation_checkpointing (train.parallel.checkpointing)
 
 
 @dataclass
@@ -112,8 +113,10 @@ class Parallelism:
                             Limit("an integer >= 0 (0: one per stage)", lambda v: v >= 0))
     pp_schedule: str = key("1f1b", "gpipe: every forward, then every backward | 1f1b: interleaved, fewer "
                                    "activations held", one_of(PP_SCHEDULES))
-    activation_checkpointing: bool = key(False, "true: each layer keeps only its input for backward and recomputes "
-                                                "the rest")
+    activation_checkpointing: str = key("none", "none | full: each layer keeps only its input for backward and "
+                                                "recomputes the rest | selective: torchtitan's op-level policy, each "
+                                                "layer keeps its input, every other matmul's output and attention's, "
+                                                "and recomputes the rest", one_of(CHECKPOINTING))
 
     @property
     def n_microbatches(self) -> int:
@@ -153,9 +156,19 @@ class Timing:
                                  "every 10 s there, so the watchdog names ranks on other nodes")
 
 
+@dataclass
+class Kernels:
+    """How a step's work is executed on the device; none of it changes what is computed beyond rounding."""
+
+    compile: bool = key(False, "torch.compile each decoder layer (inductor), as torchtitan does; the first steps' "
+                               "compilation is timed apart (result.json's compile_s)")
+    float8: bool = key(False, "the decoder layers' matmuls in float8 (torchao's float8 training, `pip install "
+                              "fedshard[float8]`); only on GPUs with fp8 (compute capability 8.9+: H100, H200, B200)")
+
+
 # Bases in reverse: a dataclass lists its bases' fields from the last base to the first.
 @dataclass
-class TrainConfig(Timing, Evaluation, Checkpoints, Parallelism, OuterStep, Numerics, Optimizer, Batches):
+class TrainConfig(Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterStep, Numerics, Optimizer, Batches):
     """Optimisation and measurement settings of one run; defaults are the paper authors' (AdamW 0.9/0.95, wd 0.1,
     10 % warm-up, cosine)."""
 

@@ -19,6 +19,8 @@ from train.data import sources as data
 from train.federation.federated import FedAvg
 from train.federation.outer import DiLoCo, OuterStep
 from train.measure import energy, exposed, metrics, profiling
+from train.measure.compile_time import CompileClock
+from train.parallel import float8 as fp8
 from train.parallel import mesh as meshes
 from train.parallel import parallelize, pipeline
 from train.result import RankRecord, RunResult, target_crossing
@@ -79,7 +81,9 @@ class Trainer:
                                    device)
         self.out_dir = out_dir
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
-        self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0}  # seconds outside the training time
+        self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0, "compile": 0.0}  # outside the training time
+        self._in_apart = False  # inside a _timed_apart section, whose clock already moves past a compilation
+        self.compile_clock = CompileClock(self._compiled) if self.cfg.compile else None
         self.checkpoints = 0
         self.profiler = profiling.StepProfiler(self.cfg.profile, self.cfg.steps, device)
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
@@ -107,16 +111,17 @@ class Trainer:
         init = self.cfg.init
         if init == "auto":
             init = "full" if self.params <= FULL_INIT_LIMIT else "meta"
+        c = self.cfg
+        if c.float8:
+            refused = fp8.why_not(self.device, c.tp)
+            if refused:
+                raise SpecError(refused)
         if init == "full":
             # Every rank builds the same full model from the seed, then keeps its stage and shard.
-            torch.manual_seed(self.cfg.seed)
-            return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, self.cfg.precision,
-                                           self.cfg.reduce_dtype, self.cfg.activation_checkpointing,
-                                           self.cfg.sequence_parallel)
-        model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, self.cfg.precision,
-                                        self.cfg.reduce_dtype, self.cfg.activation_checkpointing,
-                                        self.cfg.sequence_parallel)
-        parallelize.materialize(model, self.device, self.cfg.seed, shard_index=self.coord[2], tp_index=self.coord[4])
+            torch.manual_seed(c.seed)
+            return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, c)
+        model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, c)
+        parallelize.materialize(model, self.device, c.seed, shard_index=self.coord[2], tp_index=self.coord[4])
         return model
 
     def batch(self, step: int) -> torch.Tensor:
@@ -169,6 +174,12 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.enter(phase, step)
 
+    def _compiled(self, seconds: float) -> None:
+        """torch.compile compiled for `seconds` (train.measure.compile_time): timed apart from training."""
+        self.apart["compile"] += seconds
+        if not self._in_apart:
+            self.log.start += seconds
+
     @contextmanager
     def _timed_apart(self, what: str):
         """Time `what` (checkpoint or logging I/O, an evaluation) apart from training: the training clock,
@@ -178,10 +189,11 @@ class Trainer:
             torch.cuda.synchronize()
         if self.meter is not None:
             self.meter.pause()
-        started = time.perf_counter()
+        started, self._in_apart = time.perf_counter(), True
         try:
             yield
         finally:
+            self._in_apart = False
             if self.meter is not None:
                 self.meter.resume()
             spent = time.perf_counter() - started
@@ -197,6 +209,8 @@ class Trainer:
                 return self._train(stop)
         finally:
             stop.restore()
+            if self.compile_clock is not None:
+                self.compile_clock.close()
 
     def _train(self, stop: StopRequest) -> float:
         dist.barrier()
@@ -359,7 +373,7 @@ class Trainer:
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
             layout_changes=self.state.layout_changes,
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
-            eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
+            compile_s=self.apart["compile"], eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
             first_step_s=first["step_time"] if first else None, **measured)
 

@@ -130,6 +130,8 @@ class RunResult:
                                default=0.0)
     checkpoints: int = _doc("checkpoints saved by the last attempt", default=0)
     logging_s: float = _doc("time the last attempt spent flushing metrics (not in train_time_s)", default=0.0)
+    compile_s: float = _doc("time the last attempt spent compiling (train.compile; not in train_time_s, in the "
+                            "first step's phase times)", default=0.0)
     eval_history: list[list] = _doc("[step, train_time_s, eval_ppl] of every evaluation (train.eval_every, then "
                                     "the final one); train_time_s is training time, evaluations excluded",
                                     default_factory=list)

@@ -138,6 +138,8 @@ class RunSpec:
         missing = [k for k in ("strategy", "F", "R", "S", "out_dir") if k not in raw]
         if missing:
             raise SpecError(f"spec is missing required key(s): {', '.join(missing)}")
+        if isinstance(train.get("activation_checkpointing"), bool):  # how spec.json held it before 2026-12-05
+            train["activation_checkpointing"] = "full" if train["activation_checkpointing"] else "none"
         if "betas" in train:
             train["betas"] = tuple(train["betas"])
         sections = {"model": ModelSection.from_dict(raw.pop("model", {"preset": "tiny"})),

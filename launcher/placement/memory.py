@@ -8,14 +8,14 @@ FSDP then shards that over S. What is held:
   whose parameters are bf16; set_to_none frees the sharded gradient before the activation peak at the start of
   backward); DiLoCo (or a compressed or streamed exchange) adds its synchronized copy and momentum, fp32 whatever
   the precision (train.federation.outer), unless train.outer_offload moves them to host memory;
-- gathered: the root unit and two decoder layers (the one computing and the one prefetched) unsharded in the
-  compute dtype, with two layers' unsharded gradients before their reduce-scatter (fully_shard copies them out
-  even on a one-rank shard group), in the larger of the compute dtype and train.reduce_dtype (FSDP casts them
-  to the reduce dtype, and under pp accumulates them in it). Under pp, torch's pipelining turns FSDP's gradient
-  reduction and resharding after backward off until the last microbatch: every layer of the stage keeps its
-  unsharded gradient from the first backward on, and its unsharded parameters until the next forward (see
-  _stage: the peak is the start of a backward, either with the stage resharded and every microbatch in flight,
-  or, on the first stage, the whole stage unsharded with one microbatch fewer);
+- gathered (train.parallel.parallelize.shard's units): lm_head and the final norm, kept gathered after forward, and two
+  decoder layers (the one computing and the one prefetched) unsharded in the compute dtype (the embedding is
+  resharded after forward; tied embeddings stay gathered with the head), with two layers' unsharded gradients
+  before their reduce-scatter (fully_shard copies them out even on a one-rank shard group), in the larger of the
+  compute dtype and train.reduce_dtype (FSDP casts them to the reduce dtype, and under pp accumulates them in
+  it). Under pp no unit reshards after forward and torch's pipelining turns FSDP's gradient reduction and
+  resharding after backward off until the last microbatch: the whole stage stays unsharded through the step,
+  and every layer keeps its unsharded gradient from the first backward on (_stage);
 - activations saved for backward, per token and layer (counted with autograd's saved-tensor hooks on
   transformers' Llama block, sdpa keeping no score matrix): 5h not split by tp (the block input, the norms'
   normalised inputs and outputs, the attention residual), then 3h + 2h_kv for attention (q and the output
@@ -26,8 +26,10 @@ FSDP then shards that over S. What is held:
   the batch or microbatch in backward, its gradient and the logits' fp32 gradient (8 bytes per logit), with or
   without tp (the gathered logits take the place of the unsplit ones; measured by the dry-run at tp 2 and 4). It
   peaks at the start of backward, while every layer's activations are held, except with activation
-  checkpointing, where each layer keeps only its input and one layer's activations are live while it is
-  recomputed, after the loss is freed (the larger of the two counts). Tokens in flight: the rank's batch; under
+  checkpointing, where each layer keeps only its input (full) or its input and what torchtitan's policy saves
+  (selective, train.parallel.checkpointing: q, v, attention's output, gate, and down's output, which tp does
+  not split), and one layer's activations are live while it is recomputed, after the loss is freed (the larger
+  of the two counts). Tokens in flight: the rank's batch; under
   pp, GPipe keeps every microbatch, 1F1B at most pp of them on the first stage and one on the last;
 - the FedAvg flat buffer: the rank's shard up to train.federation.federated's chunk (twice for a 16-bit exchange).
 Gloo's own scratch copies, made in its worker threads, are not counted (NCCL reduces in place).
@@ -64,7 +66,7 @@ class Layout:
     reduce_dtype: str = "fp32"
     federated: bool = False
     outer_copy: bool = False  # DiLoCo, or a compressed or streamed exchange, with its state on the device
-    checkpointing: bool = False
+    checkpointing: str = "none"  # train.activation_checkpointing: none, full or selective
     sequence_parallel: bool = False  # under tp: the block's unsplit activations are split too, but for the
                                      # gathered inputs of attention and the MLP
 
@@ -109,25 +111,28 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     if L.federated:
         buffers = min(sharded * param_b, FEDAVG_CHUNK_BYTES) * (2 if param_b == 2 else 1)
     per_token = _per_token_layer(llama_kwargs, L.T, L.sequence_parallel) * compute_b
-    working = (root + 2 * layer) * compute_b  # the root and the layer computing and the one prefetched
     activations = functools.partial(_activations, llama_kwargs, L, stage.layers, per_token)
-    if L.P == 1:  # fully_shard copies out even on one rank; the two layers' gradients before their reduce-scatter
+    if L.P == 1:
+        # lm_head and the norm (the embedding resharded after forward), the layer computing and the one prefetched;
+        # the two layers' gradients before their reduce-scatter (fully_shard copies them out even on one rank)
+        head = root if stage.tied else root - Shapes.of(llama_kwargs).root / 2
+        working = (head + 2 * layer) * compute_b
         tokens = L.batch * L.seq_len
         return Memory(state, working + 2 * layer * unsharded_grad_b, activations(tokens, tokens, tokens), buffers)
-    unsharded = (root + layers) * (compute_b + unsharded_grad_b)
-    return max((_stage(L, activations, working, unsharded, (root + layers) * unsharded_grad_b, last, state, buffers)
+    unsharded = (root + layers) * compute_b
+    return max((_stage(L, activations, unsharded, (root + layers) * unsharded_grad_b, last, state, buffers)
                 for last in (False, True)), key=lambda m: m.total)
 
 
-def _stage(L: Layout, activations, working: float, unsharded: float, grads: float, last: bool, state: float,
+def _stage(L: Layout, activations, unsharded: float, grads: float, last: bool, state: float,
            buffers: float) -> Memory:
-    """The first or the last pipeline stage at its peak. Torch's pipelining turns FSDP's gradient reduction and
-    its resharding after backward off until the last microbatch: each layer keeps its unsharded gradient from the
-    first backward on, and its unsharded parameters until the next forward reshards them. The peak is at the start
-    of a backward, with k microbatches in flight (GPipe: all m; 1F1B: P on the first stage, one on the last):
-    either one that follows a forward (k microbatches, the layers resharded, their gradients held unless it is the
-    first backward) or, on the first stage, the first not preceded by a forward (k - 1 microbatches, the whole
-    stage unsharded with its gradients)."""
+    """The first or the last pipeline stage at its peak. No unit reshards after forward under pp, and torch's
+    pipelining turns FSDP's gradient reduction and its resharding after backward off until the last microbatch:
+    the stage stays unsharded through the step and each layer keeps its unsharded gradient from the first
+    backward on. The peak is at the start of a backward, with k microbatches in flight (GPipe: all m; 1F1B: P on
+    the first stage, one on the last): one that follows a forward (k microbatches, the gradients held unless it
+    is the first backward) or, on the first stage, one that follows a backward (k - 1 microbatches, the
+    gradients held)."""
     m = L.microbatches
     k = m if L.schedule == "gpipe" else (1 if last else min(m, L.P))
     micro = L.batch * L.seq_len / m
@@ -135,24 +140,38 @@ def _stage(L: Layout, activations, working: float, unsharded: float, grads: floa
     def held(n: int) -> float:  # n microbatches' activations, and the last stage's loss over them
         return activations(n * micro, n * micro if last else 0.0, micro)
 
-    after_forward = Memory(state, working + (grads if m > k else 0.0), held(k), buffers)
+    after_forward = Memory(state, unsharded + (grads if m > k else 0.0), held(k), buffers)
     if k == 1:
         return after_forward
-    return max(after_forward, Memory(state, unsharded, held(k - 1), buffers), key=lambda mem: mem.total)
+    return max(after_forward, Memory(state, unsharded + grads, held(k - 1), buffers), key=lambda mem: mem.total)
 
 
 def _activations(llama_kwargs: dict, L: Layout, n_layers: int, per_token: float, tokens: float,
                  logits_tokens: float, live_tokens: float) -> float:
     """Bytes held at the start of a backward: what `tokens` saved through `n_layers` layers, the loss's saved
     tensors over `logits_tokens` and its gradients over `live_tokens` (the batch, or the microbatch in backward);
-    with activation checkpointing each layer keeps only its input, and `live_tokens` through one layer are live
-    while it is recomputed, after the loss is freed."""
+    with activation checkpointing each layer keeps its input (and, selective, what the policy saves), and
+    `live_tokens` through one layer are live while it is recomputed, after the loss is freed."""
     loss = (logits_tokens * LOSS_SAVED_BYTES + live_tokens * LOSS_GRAD_BYTES) * llama_kwargs["vocab_size"] \
         if logits_tokens else 0.0
-    if L.checkpointing:
-        return tokens * n_layers * llama_kwargs["hidden_size"] * COMPUTE_BYTES[L.precision] + max(
-            loss, live_tokens * per_token)
-    return tokens * n_layers * per_token + loss
+    if L.checkpointing == "none":
+        return tokens * n_layers * per_token + loss
+    kept = _kept_per_token_layer(llama_kwargs, L.T, L.sequence_parallel, L.checkpointing == "selective")
+    return tokens * n_layers * kept * COMPUTE_BYTES[L.precision] + max(loss, live_tokens * per_token)
+
+
+def _kept_per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool, selective: bool) -> float:
+    """Elements a checkpointed layer keeps per token (module docstring): its input (split by tp under sequence
+    parallelism); selective adds q, v, attention's output and gate (split by tp), down's output (tp's partial
+    sums, whole) and, under sequence parallelism, its reduce-scatter's."""
+    h = llama_kwargs["hidden_size"]
+    sp = sequence_parallel and T > 1
+    kept = h / T if sp else h
+    if selective:
+        i, heads = llama_kwargs["intermediate_size"], llama_kwargs["num_attention_heads"]
+        h_kv = h // heads * (llama_kwargs.get("num_key_value_heads") or heads)
+        kept += (2 * h + h_kv + i) / T + h + (h / T if sp else 0.0)
+    return kept
 
 
 def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False) -> float:

@@ -2,10 +2,12 @@
 alpha and bandwidth of the level it crosses (launcher.placement.costmodel keeps the paper's communication-only
 formulas beside it). Pure arithmetic, no torch: plan ranks hundreds of layouts with it.
 
-What one step sends (train.parallel.parallelize: fully_shard on each decoder layer, then on the root):
-- shard group (S ranks): per unit an all_gather in forward (every layer and the root; a layer again for each
-  further pipeline microbatch, FSDP2 resharding it after each forward), another in backward for each layer
-  (the root is not resharded after forward), and a reduce_scatter of its gradient;
+What one step sends (train.parallel.parallelize.shard: torchtitan's units, the embedding, each decoder layer and
+lm_head; the final norm, in the root unit, is priced with lm_head; tied embeddings stay in the root unit):
+- shard group (S ranks): per unit an all_gather in forward, another in backward for the embedding and each layer
+  (lm_head, which backward needs first, and the root stay gathered after forward), and a reduce_scatter of its
+  gradient; under pipeline parallelism no unit is resharded after forward, so each is gathered once a step
+  whatever the microbatches;
 - replicate group (R ranks, HSDP): an all_reduce of each unit's gradient shard;
 - federation, every A steps (F groups): the rank's whole shard averaged in FEDAVG_CHUNK_BYTES chunks (fp32:
   one all_reduce each; 16-bit: all_to_all + all_gather, the same bytes), then for FL+HSDP replica 0's
@@ -55,12 +57,13 @@ ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated f
 
 @dataclass(frozen=True)
 class Shapes:
-    """Parameters of the FSDP units: the root (embeddings, lm_head, final norm) and each decoder layer (a rank's
+    """Parameters of the FSDP units: the embeddings, lm_head and final norm (`root`) and each decoder layer (a rank's
     share of them under tensor parallelism, stage_shapes)."""
 
     root: float
     layer: float
     layers: int
+    tied: bool = False  # tie_word_embeddings: one matrix for the embedding and lm_head, kept in one unit
 
     @classmethod
     def of(cls, llama_kwargs: dict) -> "Shapes":
@@ -69,7 +72,8 @@ class Shapes:
             return llama_params(**{**kwargs, "num_hidden_layers": layers},
                                 tie_word_embeddings=llama_kwargs.get("tie_word_embeddings", False))
         root = count(0)
-        return cls(root, count(1) - root, llama_kwargs["num_hidden_layers"])
+        return cls(root, count(1) - root, llama_kwargs["num_hidden_layers"],
+                   bool(llama_kwargs.get("tie_word_embeddings", False)))
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,19 @@ def stage_shapes(shapes: Shapes, P: int, T: int) -> Shapes:
     stages (embedding + lm_head / tp), else the embedding of the first stage (the larger end); ceil(L / pp)
     layers, each split over tp."""
     half = shapes.root / 2  # embedding and lm_head, untied: vocabulary x hidden each
-    return Shapes(half + half / T if P == 1 else half, shapes.layer / T, -(-shapes.layers // P))
+    return Shapes(half + half / T if P == 1 else half, shapes.layer / T, -(-shapes.layers // P), shapes.tied)
+
+
+def gathers(shapes: Shapes, P: int, T: int) -> list[tuple[float, int]]:
+    """(parameters, all_gathers a step) of each FSDP unit of the largest stage (module docstring): without
+    pipeline stages the embedding and each layer twice, lm_head with the final norm once; with them every unit
+    once."""
+    stage = stage_shapes(shapes, P, T)
+    layers = [(stage.layer, 1 if P > 1 else 2)] * stage.layers
+    if P > 1 or shapes.tied:
+        return [(stage.root, 1)] + layers
+    embedding = shapes.root / 2
+    return [(embedding, 2), (stage.root - embedding, 1)] + layers
 
 
 @dataclass(frozen=True)
@@ -223,11 +239,12 @@ def transfers(F: int, R: int, S: int, shapes: Shapes, model: Model, mp: ModelPar
     parameter of each collective (costmodel), activations travel in the parameters' all-gather dtype."""
     gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
     stage = stage_shapes(shapes, mp.P, mp.T)
-    units = [stage.root] + [stage.layer] * stage.layers
+    unit_gathers = gathers(shapes, mp.P, mp.T)
+    units = [p for p, _ in unit_gathers]
     out = []
     m = mp.microbatches
-    for i, p in enumerate(units):
-        out += [Transfer("step", "shard", "all_gather", p * gather_b, 1 if i == 0 else m + 1),
+    for p, calls in unit_gathers:
+        out += [Transfer("step", "shard", "all_gather", p * gather_b, calls),
                 Transfer("step", "shard", "reduce_scatter", p * grad_b, 1)]
     out += [Transfer("step", "replicate", "all_reduce", p / S * grad_b, 1) for p in units]
     if F > 1:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from train import model as models
+from train.config import TrainConfig
 from train.measure.calibrate import PHASES, PROBE_REDUCE_DTYPE, CalibrationError, in_turn, spread
 from train.parallel import parallelize, pipeline
 from train.runtime.launch_env import sync_device
@@ -39,9 +40,11 @@ class _Stage:
     def __init__(self, layout: dict, depth: int, mesh, device: str):
         P = layout["pp"]
         config = models.llama_config({**copy.deepcopy(layout["model"]), "num_hidden_layers": P * depth})
-        model = parallelize.parallelize(models.build(config, "meta"), mesh, mesh["alone"], layout["precision"],
-                                        PROBE_REDUCE_DTYPE[layout["precision"]],
-                                        sequence_parallel=layout["sequence_parallel"])
+        cfg = TrainConfig(precision=layout["precision"], reduce_dtype=PROBE_REDUCE_DTYPE[layout["precision"]],
+                          sequence_parallel=layout["sequence_parallel"],
+                          activation_checkpointing=layout.get("activation_checkpointing", "none"),
+                          compile=layout.get("compile", False))
+        model = parallelize.parallelize(models.build(config, "meta"), mesh, mesh["alone"], cfg)
         parallelize.materialize(model, device, seed=0, shard_index=0, tp_index=mesh["tp"].get_local_rank())
         self.model, self.device = model, device
         self.pipeline = (pipeline.Pipeline(model, mesh, layout["microbatches"], layout["pp_schedule"], device,

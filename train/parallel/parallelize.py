@@ -1,17 +1,17 @@
-"""The one place a model is cut into stages, split over its tensor-parallel group and sharded (fully_shard), and
-where sharded weights are materialised identically in every group."""
+"""The one place a model is cut into stages, split over its tensor-parallel group, checkpointed, compiled and sharded
+(fully_shard), and where sharded weights are materialised identically in every group."""
 from __future__ import annotations
 
-import functools
 import hashlib
+import logging
 
 import torch
-import torch.utils.checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from train.parallel import pipeline, tensor
+from train.config import TrainConfig
+from train.parallel import checkpointing, pipeline, tensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -24,38 +24,60 @@ def mixed_precision(precision: str, reduce_dtype: str) -> MixedPrecisionPolicy:
                                 reduce_dtype=DTYPES[reduce_dtype])
 
 
-def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, precision: str, reduce_dtype: str,
-                checkpointing: bool = False, sequence_parallel: bool = False) -> torch.nn.Module:
-    """This rank's part of a whole LlamaForCausalLM (built on cpu from the seed, or on meta): its pipeline stage,
-    split over the tensor-parallel group (`sequence_parallel`: train.parallel.tensor), then sharded over `dp_mesh`; with
-    `checkpointing`, each decoder layer
-    keeps only its input for backward and recomputes the rest (transformers' layers checkpoint their forward
-    inside FSDP2's hooks, so the recomputation gathers nothing twice)."""
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, cfg: TrainConfig) -> torch.nn.Module:
+    """This rank's part of a whole LlamaForCausalLM (built on cpu from the seed, or on meta), in torchtitan's order:
+    its decoder layers' matmuls in float8 (train.float8: train.parallel.float8), its pipeline stage, split over the
+    tensor-parallel group (train.sequence_parallel: train.parallel.tensor), each layer checkpointed as
+    train.activation_checkpointing says (train.parallel.checkpointing) and compiled (train.compile: torch.compile
+    per layer, whose region holds the checkpoint and its recomputation but not FSDP2's hooks), then sharded over
+    `dp_mesh` in train.precision, reducing in train.reduce_dtype."""
+    if cfg.float8:
+        from train.parallel import float8 as fp8
+
+        fp8.convert(model)
     model_plan = type(model)._tp_plan or {}
-    if mesh["pp"].size() > 1:
+    pipelined = mesh["pp"].size() > 1
+    if pipelined:
         model = pipeline.Stage(model, mesh["pp"].get_local_rank(), mesh["pp"].size())
     if mesh["tp"].size() > 1:
         layers = [f"model.layers.{name}" for name, _ in model.model.layers.named_children()]  # a stage's too
-        tensor.apply(model, mesh["tp"], model.config, model_plan, layers, sequence_parallel)
-    if checkpointing:
+        tensor.apply(model, mesh["tp"], model.config, model_plan, layers, cfg.sequence_parallel)
+    checkpointing.apply(pipeline.decoder_layers(model), cfg.activation_checkpointing)
+    if cfg.compile:
+        # transformers' output-capturing hooks write a module-level variable in a layer's forward, and its
+        # checkpointing warns once that it drops the KV cache: neither needs tracing, nor replaying in backward
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+        torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
         for layer in pipeline.decoder_layers(model):
-            layer.gradient_checkpointing = True
-            layer._gradient_checkpointing_func = functools.partial(torch.utils.checkpoint.checkpoint,
-                                                                   use_reentrant=False)
-    return shard(model, dp_mesh, precision, reduce_dtype)
+            layer.compile()  # in place: parameter names stay (FedAvg's alignment, checkpoints)
+    return shard(model, dp_mesh, cfg.precision, cfg.reduce_dtype, pipelined)
 
 
-def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str, reduce_dtype: str) -> torch.nn.Module:
-    """fully_shard each decoder layer, then the root (embedding, final norm, lm_head)."""
+def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str, reduce_dtype: str,
+          pipelined: bool = False) -> torch.nn.Module:
+    """torchtitan's FSDP units: the embedding, each decoder layer, and lm_head, which backward needs first and so
+    stays gathered after forward, as does the root unit, which keeps the final norm (torchtitan's unit of [norm,
+    lm_head] is reduced in two halves here, since transformers' Llama runs the norm inside its LlamaModel: the
+    norm's backward, after lm_head's gradient is reduced, gathers the unit again). Tied embeddings (one parameter in
+    two places) stay in the root unit too. Under pipeline parallelism no unit is resharded after forward: each
+    microbatch's forward would gather it again."""
     if precision == "paper":
         cast(model, torch.bfloat16)
-    policy = mixed_precision(precision, reduce_dtype)
+    options = {"mesh": dp_mesh, "mp_policy": mixed_precision(precision, reduce_dtype),
+               "reshard_after_forward": not pipelined}
+    ends = []  # the units holding what the root held before: they reduce as it did on gloo
+    if not model.config.tie_word_embeddings:
+        if model.model.embed_tokens is not None:
+            ends.append(fully_shard(model.model.embed_tokens, **options))
+        if model.lm_head is not None:
+            ends.append(fully_shard(model.lm_head, **{**options, "reshard_after_forward": False}))
     for layer in pipeline.decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, mp_policy=policy)
-    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
+        fully_shard(layer, **options)
+    fully_shard(model, **{**options, "reshard_after_forward": False})
     if dp_mesh.device_type == "cpu":
         # gloo has no PREMUL_SUM: reduce with SUM and divide afterwards.
-        model.set_force_sum_reduction_for_comms(True)
+        for unit in (model, *ends):
+            unit.set_force_sum_reduction_for_comms(True)
     return model
 
 

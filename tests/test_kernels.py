@@ -1,0 +1,85 @@
+"""How a step's layers run (train.activation_checkpointing, train.compile, train.float8; train.parallel.checkpointing,
+train.parallel.float8): what is computed does not change. Checkpointed layers recompute exactly what they did not
+keep; layers compiled per block (inductor's C++ backend on CPU) train within 1e-5 of eager over 10 steps."""
+import pytest
+
+from launcher.__main__ import main as launcher_main
+from tests.support import run_ranks
+from train.loop import Trainer
+from train.parallel import float8
+from train.spec import RunSpec
+
+TOLERANCE = 1e-5  # compiled against eager, relative, every step (the issue's; fixed before the first run)
+
+
+def _losses(rank, world, raw):
+    trainer = Trainer(RunSpec.from_dict(raw), rank, "cpu")
+    trainer.restore()
+    losses = [float(trainer.step(i)) for i in range(raw["train"]["steps"])]
+    return losses, trainer.apart["compile"]
+
+
+def _spec(strategy="fsdp", F=1, R=1, S=2, A=None, steps=10, **train):
+    return {"strategy": strategy, "F": F, "R": R, "S": S, "A": A, "out_dir": "/nonexistent",
+            "model": {"preset": "tiny"}, "train": {"steps": steps, "seq_len": 64, "batch_per_rank": 2, **train}}
+
+
+def _run(raw) -> tuple[list[list[float]], list[float]]:
+    """Every rank's losses and compile seconds."""
+    out = run_ranks(_losses, RunSpec.from_dict(raw).world_size, raw)
+    return [losses for losses, _ in out], [seconds for _, seconds in out]
+
+
+def _worst(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) / abs(y) for ra, rb in zip(a, b) for x, y in zip(ra, rb))
+
+
+LAYOUTS = {"fsdp": _spec(), "fl_hsdp": _spec("fl_hsdp", 2, 2, 1, A=2), "tp2": _spec(S=1, tp=2)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_checkpointed_layers_recompute_what_they_did_not_keep(mode):
+    for raw in (_spec(steps=4), _spec(S=1, tp=2, steps=4)):
+        eager, _ = _run(raw)
+        checkpointed, _ = _run({**raw, "train": {**raw["train"], "activation_checkpointing": mode}})
+        worst = _worst(checkpointed, eager)
+        print(f"{mode}, tp {raw['train'].get('tp', 1)}: worst relative loss difference {worst:.1e}")
+        assert worst <= 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_compiled_layers_train_as_eager_ones(name):
+    raw = LAYOUTS[name]
+    eager, eager_compile = _run(raw)
+    compiled, compile_s = _run({**raw, "train": {**raw["train"], "compile": True}})
+    worst = _worst(compiled, eager)
+    print(f"{name}: worst relative loss difference over 10 steps {worst:.1e}; compile {max(compile_s):.1f} s")
+    assert worst <= TOLERANCE
+    assert max(eager_compile) == 0 and min(compile_s) > 0  # compilation seen, and timed apart
+
+
+@pytest.mark.slow
+def test_compiled_and_selectively_checkpointed_layers_train_as_eager_ones():
+    raw = _spec()
+    eager, _ = _run(raw)
+    both, _ = _run({**raw, "train": {**raw["train"], "compile": True, "activation_checkpointing": "selective"}})
+    assert _worst(both, eager) <= TOLERANCE
+
+
+def test_float8_is_refused_in_one_line_where_there_is_no_fp8():
+    assert float8.why_not("cpu", 1) == ("train.float8=true needs a GPU with fp8 tensor cores (H100, H200, B200); "
+                                        "this run's device is cpu")
+    raw = _spec(S=1, steps=1, float8=True)
+    with pytest.raises(Exception, match="SpecError: train.float8=true needs a GPU with fp8 tensor cores"):
+        run_ranks(_losses, 1, raw)  # the trainer refuses it before it builds the model
+
+
+def test_float8_on_a_cluster_without_fp8_is_refused_before_submitting(tmp_path, capsys):
+    for cluster, says in (("local", "cluster local runs on cpu"), ("leonardo", "(cluster.fp8=false)")):
+        status = launcher_main(["action=plan", f"cluster={cluster}", "sweep=smoke", "train.float8=true",
+                                f"results_dir={tmp_path}"] + (["cluster.topology=ideal"] if cluster != "local" else []))
+        err = capsys.readouterr().err
+        assert status != 0 and "train.float8=true needs GPUs with fp8 tensor cores" in err and says in err, err
+        assert len(err.strip().splitlines()) == 1

@@ -1,0 +1,30 @@
+"""Seconds torch.compile spends compiling (train.compile), so that training time leaves them out: the first call
+of each compiled layer, its first backward, and any recompilation, as dynamo's start and end callbacks bracket
+them (nested compilations count once)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch._dynamo.callback
+
+
+class CompileClock:
+    """Calls `spent(seconds)` after each compilation, until closed."""
+
+    def __init__(self, spent: Callable[[float], None]):
+        self.spent, self.started = spent, 0.0
+        handler = torch._dynamo.callback.callback_handler
+        self._start = handler.register_start_callback(self._on_start)
+        self._end = handler.register_end_callback(self._on_end)
+
+    def _on_start(self, _args) -> None:
+        self.started = time.perf_counter()
+
+    def _on_end(self, _args) -> None:
+        self.spent(time.perf_counter() - self.started)
+
+    def close(self) -> None:
+        handler = torch._dynamo.callback.callback_handler
+        handler.remove_start_callback(self._start)
+        handler.remove_end_callback(self._end)
