@@ -221,6 +221,8 @@ class Trainer:
         for i in range(self.start_step, self.cfg.steps):
             self.profiler.before(i)
             self.step(i)
+            if i == 0:
+                self.state.first_step_compile_s = self.apart["compile"]
             self.profiler.after(i)
             done = i + 1
             if self.cfg.eval_every and done % self.cfg.eval_every == 0 and done < self.cfg.steps:
@@ -346,7 +348,7 @@ class Trainer:
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         first = self.log.first_step()
         tokens_per_s = tokens / train_time if first is None else \
-            (tokens - first["tokens"]) / (train_time - first["step_time"])
+            (tokens - first["tokens"]) / (train_time - (first["step_time"] - self.state.first_step_compile_s))
         n_params = self.params
         mfu = None
         if measured["exposed_comm_s"] is not None:

@@ -47,11 +47,14 @@ class TrainState:
         self.schedule = schedule  # result covers the whole run)
         self.started_at: str | None = None  # the first attempt's start (UTC ISO 8601), kept across resumes
         self.skipped_steps = 0  # train.on_nonfinite=skip_step: updates dropped, over every attempt
+        self.first_step_compile_s = 0.0  # train.compile: compilation inside the run's first step, whose time
+                                         # holds it while train_time_s does not (Trainer.summary)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "aggregations": self.aggregations, "train_time_s": self.train_time_s,
                 "tokens": self.tokens, "layout_changes": self.layout_changes, "started_at": self.started_at,
-                "skipped_steps": self.skipped_steps, "scheduler": self.schedule.state_dict(),
+                "skipped_steps": self.skipped_steps, "first_step_compile_s": self.first_step_compile_s,
+                "scheduler": self.schedule.state_dict(),
                 "rng": torch.get_rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -61,6 +64,7 @@ class TrainState:
         self.layout_changes = list(state.get("layout_changes", []))
         self.started_at = state.get("started_at")
         self.skipped_steps = state.get("skipped_steps", 0)
+        self.first_step_compile_s = state.get("first_step_compile_s", 0.0)
         self.schedule.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"])
 
