@@ -78,8 +78,9 @@ def predicted_bytes(spec: dict) -> tuple[float, float]:
     return model, dryrun
 
 
-def measure(args, device: str, out: Path, train) -> bool:
-    """Run the job (train: gpu_check's runner) and print its line; False if it could not run."""
+def fitted_job(args, device: str, out: Path) -> tuple[dict, str, int, int]:
+    """(the job's spec on as many layers as fit, the device's name, those layers, the model's layers); layers
+    is 0 when not even one fits."""
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     capacity = torch.cuda.get_device_properties(0).total_memory * USABLE if device == "cuda" else None
     peak = args.peak_flops or (peak_flops_of(name) if device == "cuda" else None)
@@ -88,8 +89,15 @@ def measure(args, device: str, out: Path, train) -> bool:
     layers, whole = layers_that_fit(spec, capacity)
     if layers == 0:
         print(f"job: {args.model} does not fit {args.ranks} GPU(s) of {capacity / 1e9:.0f} GB even with one layer")
-        return False
     spec["model"]["num_hidden_layers"] = layers
+    return spec, name, layers, whole
+
+
+def measure(args, device: str, out: Path, train) -> bool:
+    """Run the job (train: gpu_check's runner) and print its line; False if it could not run."""
+    spec, name, layers, whole = fitted_job(args, device, out)
+    if layers == 0:
+        return False
     said = "all" if layers == whole else f"{layers} of {whole} (the memory model fits no more on {args.ranks} GPU(s))"
     print(f"job: {args.model}, {said} layers, FSDP over {args.ranks} {name} rank(s), precision paper, "
           f"{args.job_batch} x {args.job_seq_len} tokens per GPU, {args.job_steps} timed steps after one warm-up")
@@ -124,16 +132,9 @@ def compare(args, device: str, out: Path, train) -> bool:
     torchtitan's published figure for the same setting where one exists; False if a variant failed."""
     from train.parallel import float8
 
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    capacity = torch.cuda.get_device_properties(0).total_memory * USABLE if device == "cuda" else None
-    peak = args.peak_flops or (peak_flops_of(name) if device == "cuda" else None)
-    base = job_spec(args.model, None, args.ranks, args.job_steps + 1, args.job_seq_len, args.job_batch, device, out,
-                    peak)
-    layers, whole = layers_that_fit(base, capacity)
+    base, name, layers, whole = fitted_job(args, device, out)
     if layers == 0:
-        print(f"compare: {args.model} does not fit {args.ranks} GPU(s) even with one layer")
         return False
-    base["model"]["num_hidden_layers"] = layers
     theirs = torchtitan_figures(name, args.ranks, args.job_batch, args.job_seq_len, layers, whole)
     print(f"compare: {args.model}, {layers} of {whole} layers, FSDP over {args.ranks} {name} rank(s), "
           f"{args.job_batch} x {args.job_seq_len} tokens per GPU, {args.job_steps} timed steps after one warm-up; "

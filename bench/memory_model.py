@@ -3,10 +3,10 @@ side.
 
 Issue 37's target: the model within ±10 % of the dry-run's training peak for every paper layout, precision paper
 (gradients reduced in bf16 as the authors', or in fp32) and bf16, tp and pp in {1, 2, 4}, with and without
-activation checkpointing, FedAvg and DiLoCo. Memory per device depends on S, tp, pp, the batch and the options,
-not on F or R (each adds a group, not bytes held), so each variant is played at the paper's S = 4 with F = 2
-(FL+FSDP, one FedAvg) on 2 x 4 x tp x pp ranks; every pipeline stage is played. Prints model GB, dry-run GB and
-their ratio per variant, and how many are within ±10 %.
+activation checkpointing (full; selective added by issue 42), FedAvg and DiLoCo. Memory per device depends on S,
+tp, pp, the batch and the options, not on F or R (each adds a group, not bytes held), so each variant is played at
+the paper's S = 4 with F = 2 (FL+FSDP, one FedAvg) on 2 x 4 x tp x pp ranks; every pipeline stage is played.
+Prints model GB, dry-run GB and their ratio per variant, and how many are within ±10 %.
 Run: python -m bench.memory_model [--only NAME,...]   (about a minute per played rank on 2 cores)
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ VARIANTS = {
     "bf16": {"precision": "bf16"},
     "paper reduce fp32": {"reduce_dtype": "fp32"},
     "paper checkpointing": {"activation_checkpointing": "full"},
+    "paper selective": {"activation_checkpointing": "selective"},
     "paper diloco": {"outer": "diloco"},
     "bf16 diloco": {"precision": "bf16", "outer": "diloco"},
     "paper tp2": {"tp": 2},

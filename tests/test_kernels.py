@@ -2,9 +2,11 @@
 train.parallel.float8): what is computed does not change. Checkpointed layers recompute exactly what they did not
 keep; layers compiled per block (inductor's C++ backend on CPU) train within 1e-5 of eager over 10 steps."""
 import pytest
+import torch
 
 from launcher.__main__ import main as launcher_main
 from tests.support import run_ranks
+from train import model as models
 from train.loop import Trainer
 from train.parallel import float8
 from train.spec import RunSpec
@@ -66,6 +68,27 @@ def test_compiled_and_selectively_checkpointed_layers_train_as_eager_ones():
     eager, _ = _run(raw)
     both, _ = _run({**raw, "train": {**raw["train"], "compile": True, "activation_checkpointing": "selective"}})
     assert _worst(both, eager) <= TOLERANCE
+
+
+def test_float8_swaps_the_decoder_layers_matmuls_only_and_trains_close_to_bf16():
+    """torchao's Float8Linear runs emulated on CPU: the conversion is checked here, its speed only on a GPU."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    config = models.llama_config({"preset": "tiny"})
+    torch.manual_seed(0)
+    reference = models.build(config, "cpu").to(torch.bfloat16)
+    converted = models.build(config, "cpu").to(torch.bfloat16)
+    converted.load_state_dict(reference.state_dict())
+    float8.convert(converted)
+    linears = {name: type(m) for name, m in converted.named_modules() if isinstance(m, torch.nn.Linear)}
+    assert linears.pop("lm_head") is torch.nn.Linear  # the logits stay in the compute dtype
+    assert linears and set(linears.values()) == {Float8Linear}  # every matmul of every decoder layer
+    ids = torch.randint(0, config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    loss = converted(input_ids=ids, labels=ids).loss
+    loss.backward()
+    expected = reference(input_ids=ids, labels=ids).loss
+    assert abs(float(loss) / float(expected) - 1) < 1e-3  # fp8's 3 mantissa bits, scaled per tensor
+    assert all(p.grad is not None for p in converted.model.layers.parameters())
 
 
 def test_float8_is_refused_in_one_line_where_there_is_no_fp8():
