@@ -296,15 +296,15 @@ CASES = [
     ("batch-not-in-microbatches", launcher("train.pp=2", "train.microbatches=3"),
      "the 8 sequences of a data-parallel rank (train.batch_per_rank; the launcher multiplies it by tp x pp) do not "
      "divide into 3 microbatches", None),
-    ("layout-exceeds-memory", launcher("cluster.gpu_memory_GB=0.001"), "fsdp-F1-R1-S4 needs 3.17 MB per device "
-     "(state 419 kB, gathered 854 kB, activations 1.9 MB, buffers 0 B) but a device has 0.001 GB "
+    ("layout-exceeds-memory", launcher("cluster.gpu_memory_GB=0.001"), "fsdp-F1-R1-S4 needs 3.04 MB per device "
+     "(state 419 kB, gathered 723 kB, activations 1.9 MB, buffers 0 B) but a device has 0.001 GB "
      "(cluster.gpu_memory_GB)", None),
     ("memory-reserve-above-device", launcher("cluster.gpu_memory_GB=1", "cluster.memory_reserve_GB=2"),
      "cluster.memory_reserve_GB must be a number >= 0 below cluster.gpu_memory_GB, or null, got 2", None),
     ("plan-dryrun-not-a-bool", launcher("plan.dryrun=maybe"), "plan.dryrun must be true or false, got 'maybe'", None),
     ("dryrun-exceeds-memory",
      launcher("action=dryrun", "cluster.gpu_memory_GB=0.004", "cluster.memory_reserve_GB=0.002"),
-     "fsdp-F1-R1-S4: its dry-run peaks at 0.00284 GB per device but a device has 0.004 GB less 0.002 GB kept free "
+     "fsdp-F1-R1-S4: its dry-run peaks at 0.00256 GB per device but a device has 0.004 GB less 0.002 GB kept free "
      "(cluster.memory_reserve_GB) = 0.002 GB: shard more (S), split the model (train.tp, train.pp) or set "
      "train.activation_checkpointing=full", None),
     ("dryrun-host-sync-in-step", launcher("action=dryrun", "train.on_nonfinite=skip_step"),

@@ -98,8 +98,6 @@ def test_compare_runs_the_job_each_way_side_by_side(monkeypatch, capsys):
     status = main(["--device", "cpu", "--ranks", "2", "--check-model", "tiny", "--steps", "1", "--seq-len", "16",
                    "--strategies", "fsdp", "--model", "tiny", "--job-steps", "2", "--job-seq-len", "32", "--compare"])
     out = capsys.readouterr().out
-    with capsys.disabled():
-        print(out)
     assert status == 0, out
     lines = out.splitlines()
     assert any(line.startswith("compare: tiny, 2 of 2 layers, FSDP over 2 cpu rank(s)") for line in lines), out
