@@ -19,6 +19,7 @@ import torch
 
 from launcher.dryrun import memory_of, play, ranks_to_play
 from launcher.placement.memory import layout_of, per_device
+from train.parallel import float8
 from train.spec import RunSpec
 
 # Dense bf16 tensor-core peaks per GPU, most specific name first (torch.cuda.get_device_name: "NVIDIA H100 PCIe",
@@ -130,8 +131,6 @@ def compare(args, device: str, out: Path, train) -> bool:
     """Run the job once per VARIANTS entry, on the same layers (those the memory model fits without
     checkpointing), and print each one's tokens/s per GPU, MFU, peak memory and compile time side by side, with
     torchtitan's published figure for the same setting where one exists; False if a variant failed."""
-    from train.parallel import float8
-
     base, name, layers, whole = fitted_job(args, device, out)
     if layers == 0:
         return False

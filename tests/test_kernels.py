@@ -2,7 +2,9 @@
 train.parallel.float8): what is computed does not change. Checkpointed layers recompute exactly what they did not
 keep; layers compiled per block (inductor's C++ backend on CPU) train within 1e-5 of eager over 10 steps."""
 import functools
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from launcher.__main__ import main as launcher_main
 from tests.support import run_ranks
 from train import model as models
 from train.loop import Trainer
+from train.measure.compile_time import CompileClock
 from train.parallel import float8
 from train.spec import RunSpec
 
@@ -70,6 +73,20 @@ def test_compiled_layers_train_as_eager_ones(name, checkpointing):
           f"compile {max(compile_s):.1f} s")
     assert worst <= TOLERANCE
     assert max(eager_compile) == 0 and min(compile_s) > 0  # compilation seen, and timed apart
+
+
+def test_the_compile_clock_keeps_no_trainer_alive():
+    """dynamo's callbacks are process-wide; a trainer that never finishes train() must still be freed."""
+    class Owner:
+        def spent(self, seconds: float) -> None:
+            pass
+
+    owner = Owner()
+    clock, alive = CompileClock(owner.spent), weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert alive() is None
+    clock.close()
 
 
 def test_float8_swaps_the_decoder_layers_matmuls_only_and_trains_close_to_bf16():

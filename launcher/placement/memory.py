@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from launcher.placement.steptime import Shapes, stage_shapes
+from launcher.placement.steptime import Shapes, root_units, stage_shapes
 from train.spec import FEDAVG_CHUNK_BYTES, RunSpec
 
 STATE_BYTES = {"fp32": 16, "bf16": 16, "paper": 8}  # parameter + gradient + AdamW's two moments, per parameter
@@ -100,7 +100,8 @@ def layout_of(spec: RunSpec) -> Layout:
 def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     """Peak bytes of the device holding the most (module docstring)."""
     L = layout
-    stage = stage_shapes(Shapes.of(llama_kwargs), L.P, L.T)
+    shapes = Shapes.of(llama_kwargs)
+    stage = stage_shapes(shapes, L.P, L.T)
     root, layers, layer = stage.root, stage.layers * stage.layer, stage.layer
     sharded = (root + layers) / L.S
     param_b, compute_b = PARAM_BYTES[L.precision], COMPUTE_BYTES[L.precision]
@@ -115,8 +116,7 @@ def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
     if L.P == 1:
         # lm_head and the norm (the embedding resharded after forward), the layer computing and the one prefetched;
         # the two layers' gradients before their reduce-scatter (fully_shard copies them out even on one rank)
-        head = root if stage.tied else root - Shapes.of(llama_kwargs).root / 2
-        working = (head + 2 * layer) * compute_b
+        working = (root_units(shapes, L.T)[1] + 2 * layer) * compute_b
         tokens = L.batch * L.seq_len
         return Memory(state, working + 2 * layer * unsharded_grad_b, activations(tokens, tokens, tokens), buffers)
     unsharded = (root + layers) * compute_b
@@ -168,16 +168,18 @@ def _kept_per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool, s
     sp = sequence_parallel and T > 1
     kept = h / T if sp else h
     if selective:
-        i, heads = llama_kwargs["intermediate_size"], llama_kwargs["num_attention_heads"]
-        h_kv = h // heads * (llama_kwargs.get("num_key_value_heads") or heads)
-        kept += (2 * h + h_kv + i) / T + h + (h / T if sp else 0.0)
+        kept += (2 * h + _kv_hidden(llama_kwargs) + llama_kwargs["intermediate_size"]) / T + h + (h / T if sp else 0.0)
     return kept
+
+
+def _kv_hidden(llama_kwargs: dict) -> int:
+    """Width of the keys (and of the values) per token: the KV heads' share of the hidden size."""
+    heads = llama_kwargs["num_attention_heads"]
+    return llama_kwargs["hidden_size"] // heads * (llama_kwargs.get("num_key_value_heads") or heads)
 
 
 def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False) -> float:
     """Elements one decoder layer saves for backward per token (module docstring)."""
     h, i = llama_kwargs["hidden_size"], llama_kwargs["intermediate_size"]
-    heads = llama_kwargs["num_attention_heads"]
-    h_kv = h // heads * (llama_kwargs.get("num_key_value_heads") or heads)
-    split = (3 * h + 2 * h_kv + 4 * i) / T
+    split = (3 * h + 2 * _kv_hidden(llama_kwargs) + 4 * i) / T
     return split + (5 * h / T + 2 * h if sequence_parallel and T > 1 else 5 * h)

@@ -104,16 +104,24 @@ def stage_shapes(shapes: Shapes, P: int, T: int) -> Shapes:
     return Shapes(half + half / T if P == 1 else half, shapes.layer / T, -(-shapes.layers // P), shapes.tied)
 
 
+def root_units(shapes: Shapes, T: int) -> tuple[float, float]:
+    """(embedding, lm_head with the final norm) as train.parallel.parallelize.shard wraps them without pipeline
+    stages, a rank's share under tp; tied embeddings are one unit, counted as the head's."""
+    stage = stage_shapes(shapes, 1, T)
+    embedding = 0.0 if shapes.tied else shapes.root / 2
+    return embedding, stage.root - embedding
+
+
 def gathers(shapes: Shapes, P: int, T: int) -> list[tuple[float, int]]:
     """(parameters, all_gathers a step) of each FSDP unit of the largest stage (module docstring): without
     pipeline stages the embedding and each layer twice, lm_head with the final norm once; with them every unit
     once."""
     stage = stage_shapes(shapes, P, T)
     layers = [(stage.layer, 1 if P > 1 else 2)] * stage.layers
-    if P > 1 or shapes.tied:
+    if P > 1:
         return [(stage.root, 1)] + layers
-    embedding = shapes.root / 2
-    return [(embedding, 2), (stage.root - embedding, 1)] + layers
+    embedding, head = root_units(shapes, T)
+    return [(embedding, 2)] * bool(embedding) + [(head, 1)] + layers
 
 
 @dataclass(frozen=True)

@@ -4,16 +4,19 @@ them (nested compilations count once)."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 
 import torch._dynamo.callback
 
 
 class CompileClock:
-    """Calls `spent(seconds)` after each compilation, until closed."""
+    """Calls the bound method `spent(seconds)` after each compilation, until closed; it holds its object weakly
+    (dynamo's handler is process-wide: a trainer that never finishes train(), as in tests and the dry-run, is
+    not kept alive by it)."""
 
     def __init__(self, spent: Callable[[float], None]):
-        self.spent, self.started = spent, 0.0
+        self.spent, self.started = weakref.WeakMethod(spent), 0.0
         handler = torch._dynamo.callback.callback_handler
         self._start = handler.register_start_callback(self._on_start)
         self._end = handler.register_end_callback(self._on_end)
@@ -22,7 +25,9 @@ class CompileClock:
         self.started = time.perf_counter()
 
     def _on_end(self, _args) -> None:
-        self.spent(time.perf_counter() - self.started)
+        spent = self.spent()
+        if spent is not None:  # not closed from here: the handler is iterating over its callbacks
+            spent(time.perf_counter() - self.started)
 
     def close(self) -> None:
         handler = torch._dynamo.callback.callback_handler
