@@ -107,8 +107,8 @@ def main(argv=None) -> None:
 
 
 def read_latency(directory: Path, steps: int = 500) -> None:
+    from train.contract.sections import TokensData
     from train.data.tokens import TokensSource
-    from train.sections import TokensData
 
     seq, batch = 2048, 8
     index = json.loads((directory / "index.json").read_text())

@@ -16,10 +16,10 @@ import time
 import torch
 import torch.distributed as dist
 
+from train.contract.spec import RunSpec
 from train.federation.federated import FedAvg
 from train.loop import Trainer
 from train.runtime.local_ranks import run_ranks
-from train.spec import RunSpec
 
 
 def timed(fn) -> float:

@@ -35,10 +35,10 @@ from pathlib import Path
 import torch
 
 from bench import gpu_job
-from train.common import FedshardError
-from train.parallel.strategy import STRATEGIES
-from train.result import RunResult
-from train.spec import RunSpec
+from train.contract.common import FedshardError
+from train.contract.layout import STRATEGIES
+from train.contract.result import RunResult
+from train.contract.spec import RunSpec
 
 
 def layouts(ranks: int) -> dict[str, tuple[int, int, int]]:

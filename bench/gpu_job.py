@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from launcher.dryrun import memory_of, play, ranks_to_play
-from launcher.placement.memory import layout_of, per_device
+from launcher.actions.dryrun import memory_of, play, ranks_to_play
+from launcher.placement.memory import per_device, work_of
+from train.contract.spec import RunSpec
 from train.parallel import float8
-from train.spec import RunSpec
 
 # Dense bf16 tensor-core peaks per GPU, most specific name first (torch.cuda.get_device_name: "NVIDIA H100 PCIe",
 # "NVIDIA H100 NVL", "NVIDIA H100 80GB HBM3" for the SXM part, "NVIDIA H200", "NVIDIA A100-SXM4-80GB").
@@ -65,7 +65,7 @@ def layers_that_fit(spec: dict, capacity: float | None) -> tuple[int, int]:
         trial = copy.deepcopy(spec)
         trial["model"]["num_hidden_layers"] = layers
         run = RunSpec.from_dict(trial)
-        if per_device(run.model.llama_kwargs, layout_of(run)).total <= capacity:
+        if per_device(run.model.llama_kwargs, work_of(run)).total <= capacity:
             return layers, whole
     return 0, whole
 
@@ -73,7 +73,7 @@ def layers_that_fit(spec: dict, capacity: float | None) -> tuple[int, int]:
 def predicted_bytes(spec: dict) -> tuple[float, float]:
     """(memory model, dry-run) peak bytes per device for `spec`."""
     run = RunSpec.from_dict(spec)
-    model = per_device(run.model.llama_kwargs, layout_of(run)).total
+    model = per_device(run.model.llama_kwargs, work_of(run)).total
     with tempfile.TemporaryDirectory() as tmp:
         dryrun, _ = memory_of([play(run, rank, Path(tmp)) for rank in ranks_to_play(run)])
     return model, dryrun

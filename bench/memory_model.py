@@ -1,4 +1,4 @@
-"""The memory model (launcher.placement.memory) against the dry-run (train.measure.dryrun) for Llama-3.1-8B, side by
+"""The memory model (launcher.placement.memory) against the dry-run (train.job.dryrun) for Llama-3.1-8B, side by
 side.
 
 Issue 37's target: the model within ±10 % of the dry-run's training peak for every paper layout, precision paper
@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.dryrun import memory_of, play, ranks_to_play
-from launcher.placement.memory import layout_of, per_device
-from train.spec import RunSpec
+from launcher.actions.dryrun import memory_of, play, ranks_to_play
+from launcher.placement.memory import per_device, work_of
+from train.contract.spec import RunSpec
 
 TOLERANCE = 0.10
 BASE = {"precision": "paper", "reduce_dtype": "bf16", "seq_len": 2048, "batch_per_rank": 2, "eval_batch": 2}
@@ -57,7 +57,7 @@ def main() -> None:
             spec = spec_of(name)
             started = time.perf_counter()
             peak, _ = memory_of([play(spec, rank, Path(tmp)) for rank in ranks_to_play(spec)])
-            model = per_device(spec.model.llama_kwargs, layout_of(spec)).total
+            model = per_device(spec.model.llama_kwargs, work_of(spec)).total
             within += abs(model / peak - 1) <= TOLERANCE
             print(f"{name:<30} {spec.world_size:>5} {model / 1e9:>9.2f} {peak / 1e9:>10.2f} {model / peak:>13.3f} "
                   f"{time.perf_counter() - started:>6.0f}", flush=True)

@@ -13,10 +13,10 @@ import argparse
 import statistics
 
 from bench.fedavg import timed
+from train.contract.spec import RunSpec
 from train.federation.outer import DiLoCo, OuterStep
 from train.loop import Trainer
 from train.runtime.local_ranks import run_ranks
-from train.spec import RunSpec
 
 MODES = ("fedavg", "diloco", "fedavg_int8", "fedavg_bf16")
 
@@ -25,7 +25,7 @@ def _worker(rank, world, spec_dict, rounds, offload):
     spec = RunSpec.from_dict(spec_dict)
     trainer = Trainer(spec, rank, "cpu")
     trainer.restore()
-    args = (trainer.model, trainer.optimizer, trainer.mesh, spec.A)
+    args = (trainer.model, trainer.optimizer, trainer.mesh, spec.layout.A)
     modes = {"fedavg": trainer.fedavg, "diloco": DiLoCo(*args, OuterStep(0.7, 0.9, offload)),
              "fedavg_int8": DiLoCo(*args, OuterStep(1.0, 0.0, offload, "int8")),
              "fedavg_bf16": DiLoCo(*args, OuterStep(1.0, 0.0, offload, "bf16"))}

@@ -63,7 +63,7 @@ def snapshot_command(nodes: int, version: str, repeats: int) -> None:
 
 def snapshot_plan(repeats: int, nodes: int = 3456) -> None:
     """plan() in-process (settings composed once) on a generated `nodes`-node snapshot, step-time model on."""
-    from launcher.plan import plan
+    from launcher.actions.plan import plan
     from launcher.settings import compose
 
     with tempfile.TemporaryDirectory() as tmp:

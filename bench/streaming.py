@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from train.result import RunResult
+from train.contract.result import RunResult
 
 RUN = "fl_fsdp-F4-R1-S2-A8"
 

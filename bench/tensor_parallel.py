@@ -27,8 +27,8 @@ def _spec(S: int, tp: int, sequence_parallel: bool, model: str, seq_len: int, ba
 
 
 def _median_step(rank: int, world: int, spec_dict: dict) -> float:
+    from train.contract.spec import RunSpec
     from train.loop import Trainer
-    from train.spec import RunSpec
 
     spec = RunSpec.from_dict(spec_dict)
     trainer = Trainer(spec, rank, "cpu")
@@ -43,8 +43,8 @@ def _median_step(rank: int, world: int, spec_dict: dict) -> float:
 
 
 def main(argv=None) -> None:
+    from train.contract.spec import RunSpec
     from train.runtime.local_ranks import run_ranks
-    from train.spec import RunSpec
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny")

@@ -21,13 +21,13 @@ from torch.distributed.fsdp import fully_shard
 
 from train import model as models
 from train import optim
+from train.contract.layout import Layout
+from train.contract.spec import RunSpec
 from train.data.sources import build_source, global_batch, rank_rows
 from train.loop import Trainer
 from train.parallel import mesh as meshes
 from train.parallel import parallelize
-from train.parallel.dims import Dims
 from train.runtime.local_ranks import run_ranks
-from train.spec import RunSpec
 
 
 def _bare(spec: RunSpec, ids: torch.Tensor, steps: int, units: str) -> float:
@@ -35,7 +35,7 @@ def _bare(spec: RunSpec, ids: torch.Tensor, steps: int, units: str) -> float:
     (parallelize.shard) or "plain" (each layer, then the root)."""
     torch.manual_seed(spec.train.seed)
     model = models.build(models.llama_config(spec.model), "cpu")
-    shard_mesh = meshes.build("cpu", Dims(1, 1, spec.S))["shard"]
+    shard_mesh = meshes.build("cpu", Layout("fsdp", 1, 1, spec.layout.S))["shard"]
     if units == "fedshard":
         parallelize.shard(model, shard_mesh, "fp32", "fp32")
     else:
@@ -61,7 +61,7 @@ def _ours(spec: RunSpec, rank: int, steps: int) -> float:
 def _worker(rank, world, spec_dict, steps, rounds):
     spec = RunSpec.from_dict(spec_dict)
     source = build_source(spec.data, models.llama_config(spec.model).vocab_size, spec.train.seq_len, spec.train.seed)
-    ids = source.train_batch(0, rank_rows(spec, spec.dims.data_rank(rank)), global_batch(spec), spec.train.seq_len)
+    ids = source.train_batch(0, rank_rows(spec, spec.layout.data_rank(rank)), global_batch(spec), spec.train.seq_len)
     bare, plain, ours = [], [], []
     loops = [(bare, lambda: _bare(spec, ids, steps, "fedshard")), (plain, lambda: _bare(spec, ids, steps, "plain")),
              (ours, lambda: _ours(spec, rank, steps))]

@@ -21,23 +21,23 @@ from launcher.placement.costmodel import model_from_preset  # noqa: E402
 from launcher.placement.steptime import (  # noqa: E402
     ASSUMED_MFU,
     COLLECTIVES,
+    Activations,
     Compute,
     Link,
     Links,
-    ModelParallel,
     Network,
     Shapes,
     StepTime,
     load,
     step_time,
 )
-from train.parallel.strategy import Layout  # noqa: E402
-from train.presets import flops_per_token  # noqa: E402
+from train.contract.layout import Layout  # noqa: E402
+from train.contract.presets import flops_per_token  # noqa: E402
 
 GB = 1e9
 SEQ, G = 4096, 8  # context; GPUs per DGX node
 # Llama-2 7B (HF meta-llama/Llama-2-7b-hf config.json): 6,738,415,616 parameters, untied embeddings, no GQA.
-# train/presets.py has no Llama-2 preset, so the shapes are written out here.
+# train/contract/presets.py has no Llama-2 preset, so the shapes are written out here.
 LLAMA2_7B = dict(vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=32, intermediate_size=11008, tie_word_embeddings=False)
 # bf16 parameters and gradients on the wire ("paper" precision); the seed does not publish its MixedPrecision.
@@ -134,12 +134,13 @@ def price(hw: Platform, gpus: int, batch: int, P: int = 1, T: int = 1, net_step:
     own links), where the model divides it by the node's concurrent groups."""
     S, nodes = gpus // (P * T), gpus // G
     topo = topology.ideal(nodes, [1, nodes]).with_bandwidth([hw.nvlink, hw.nic], "seed 002")
-    loads, net = load(place(1, 1, S, G, topo, P=P, T=T), 1, 1, S, topo, P, T), network(hw, net_step)
+    layout = Layout("fsdp", 1, 1, S, P=P, T=T)
+    loads, net = load(place(layout, G, topo), layout, topo), network(hw, net_step)
     if unshared:
         loads = {kind: ({-1: 1} if set(lv) == {-1} else lv) for kind, lv in loads.items()}
-    mp = ModelParallel(P, T, batch if P > 1 else 1, batch * SEQ, 4096, 32000)
-    t = step_time(Layout("fsdp", 1, 1, S), SHAPES, MODEL, Links(net, loads),
-                  Compute.estimated(LLAMA2_7B, batch, SEQ, hw.peak), overlap=overlap, mp=mp)
+    acts = Activations(batch if P > 1 else 1, batch * SEQ, 4096, 32000)
+    t = step_time(layout, SHAPES, MODEL, Links(net, loads),
+                  Compute.estimated(LLAMA2_7B, batch, SEQ, hw.peak), overlap=overlap, acts=acts)
     regather = -(-SHAPES.layers // P) * net.seconds("all_gather", SHAPES.layer / T * MODEL.bytes_per_param, S,
                                                     loads["shard"])
     return Run(hw, gpus, P, T, batch, t, regather)

@@ -27,8 +27,8 @@ from launcher.placement.steptime import (  # noqa: E402
     step_time,
 )
 from launcher.report.paper import LAYOUTS, NAMES, PAPER_A, TABLES  # noqa: E402
-from train.parallel.strategy import Layout  # noqa: E402
-from train.presets import PRESETS  # noqa: E402
+from train.contract.layout import Layout  # noqa: E402
+from train.contract.presets import PRESETS  # noqa: E402
 
 GB = 1e9
 BATCH, SEQ, G, NODES = 2, 2048, 4, 128
@@ -62,9 +62,9 @@ def rows(compute: Compute, net: Network) -> list[tuple]:
     out = []
     for strategy, (F, R, S) in LAYOUTS.items():
         A = PAPER_A if strategy.startswith("fl_") else None
-        placement = place(F, R, S, G, topo)
         layout = Layout(strategy, F, R, S, A)
-        t = step_time(layout, Shapes.of(kwargs), model, Links(net, load(placement, F, R, S, topo)), compute,
+        placement = place(layout, G, topo)
+        t = step_time(layout, Shapes.of(kwargs), model, Links(net, load(placement, layout, topo)), compute,
                       overlap=True)  # on GPUs the estimate is the full-overlap bound (FSDP prefetches)
         paper = predict(layout, model, placement.bandwidth)  # leonardo.yaml's nominal bandwidths
         out.append((strategy, t, paper["predicted_comm_s"]))

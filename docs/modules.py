@@ -7,8 +7,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("launcher", "launcher/slurm", "launcher/placement", "launcher/report", "train", "train/parallel",
-           "train/federation", "train/data", "train/runtime", "train/measure")
+FOLDERS = ("launcher", "launcher/settings", "launcher/slurm", "launcher/placement", "launcher/records",
+           "launcher/report", "launcher/actions", "train", "train/contract", "train/data", "train/runtime",
+           "train/parallel", "train/federation", "train/measure", "train/job")
 
 
 def first_sentence(path: Path) -> str:

@@ -1,1 +1,2 @@
-"""The launcher pipeline, in order: settings (config) -> sweep -> plan (placement) -> run (submit, wait) -> report."""
+"""The launcher: settings (config) -> sweep -> planning (placement, prediction) -> an action (launcher.actions: run
+submits and waits, plan, report...) over a small core; records/ holds what a sweep directory keeps."""

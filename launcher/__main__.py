@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-from launcher import record
-from train.common import FedshardError
+from launcher.records import record
+from train.contract.common import FedshardError
 
 HYDRA_FLAGS = frozenset({"-h", "--help", "--hydra-help", "-c", "--cfg", "-p", "--package", "--resolve",
                          "-i", "--info", "-sc", "--shell-completion"})
@@ -117,7 +117,8 @@ def main(argv: list[str]) -> int:
     if any(a.split("=", 1)[0] in HYDRA_FLAGS for a in argv):
         return hydra_cli(argv)
     from launcher import multirun
-    from launcher.experiment import Experiment, act
+    from launcher.actions import act
+    from launcher.experiment import Experiment
     from launcher.settings import compose
 
     try:

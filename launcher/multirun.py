@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from launcher.errors import ConfigError
 from launcher.settings import group_options
 from launcher.sweep import expand
+from train.contract.common import ConfigError
 
 FLAGS = ("-m", "--multirun")
 # what may vary between the runs of one sweep: what is trained, on what data, with what model
@@ -20,11 +20,6 @@ SWEEPABLE = ("train", "model", "data")
 class Axis:
     key: str            # e.g. train.lr, or a group: model
     values: list[str]   # as Hydra renders them for an override
-
-    @property
-    def label(self) -> str:
-        """The key's last name, for run ids: lr, model."""
-        return self.key.rsplit(".", 1)[-1]
 
 
 def split(argv: list[str]) -> tuple[list[str], list[Axis]]:
@@ -68,12 +63,11 @@ def points(axes: list[Axis]) -> list[dict[str, str]]:
 def expand_points(fixed: list[str], axes: list[Axis]):
     """(settings of the first point, every run of every point): repeats interleaved across the points too, so
     drift on the machine spreads over all of them."""
-    from launcher.report.results import repeat_index
     from launcher.settings import compose
 
     first, runs = None, []
     for point in points(axes):
         settings = compose([*fixed, *(f"{key}={value}" for key, value in point.items())])
         first = first or settings
-        runs += expand(settings, point, axes)
-    return first, sorted(runs, key=lambda run: repeat_index(run.run_id))
+        runs += expand(settings, point)
+    return first, sorted(runs, key=lambda run: run.spec.repeat)

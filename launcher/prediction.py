@@ -6,13 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement
 from launcher.placement.costmodel import LLAMA_KEYS, Model
 from launcher.placement.steptime import (
+    Activations,
     Compute,
     Links,
-    ModelParallel,
     Network,
     Shapes,
     StepTime,
@@ -22,7 +21,8 @@ from launcher.placement.steptime import (
 )
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
-from train.parallel.strategy import Layout
+from train.contract.common import ConfigError
+from train.contract.layout import Layout
 
 TOLERANCE = 0.20  # the step-time model's target: every validated prediction within ±20 % of the measured step
 
@@ -74,43 +74,43 @@ class Predictor:
         self.network = (Network.from_probe(self.probe, f"probe {path}") if self.probe
                         else Network.nominal(topo.bandwidth))
 
-    def compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str,
-                mp: ModelParallel = ModelParallel(), schedule: str = "1f1b") -> Compute | None:
+    def compute(self, layout: Layout, work: Workload) -> Compute | None:
         """The layout's step of compute as the probe measured it in place (every rank at once, a stage of 1 and
         of 2 layers), when it did for exactly this layout, pp = tp = 1 included; else the model's compute
         measured by the probe for this (model, seq_len, precision), at this batch or scaled in proportion from
         the probe's (a tensor- or pipeline-parallel layout keeps the global batch on fewer data-parallel ranks, so
         each has more), else estimated from peak_flops, else None. The second serves the layouts a plan ranks
         beyond its runs, and probes written before pp = tp = 1 was measured in place."""
-        measured = self.stage_compute(llama_kwargs, batch, seq_len, precision, mp, schedule)
+        measured = self.stage_compute(layout, work)
         if measured is not None:
             return measured
-        wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, seq_len, precision)
+        kwargs = work.llama_kwargs
+        wanted = ({k: kwargs[k] for k in LLAMA_KEYS}, work.seq_len, work.precision)
         for w in (self.probe or {}).get("compute", []):
             have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["seq_len"], w["precision"])
             if have == wanted:
-                L = llama_kwargs["num_hidden_layers"]
-                scale = batch / w["batch_per_rank"]
+                L = kwargs["num_hidden_layers"]
+                scale = work.batch / w["batch_per_rank"]
                 per = {k: (w["root"][k] + L * w["layer"][k]) * (scale if k != "optimizer_s" else 1) for k in w["root"]}
                 source = "measured by the probe" + (f", scaled from batch {w['batch_per_rank']}" if scale != 1 else "")
                 return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], source)
         if self.cluster.peak_flops:
-            return Compute.estimated(llama_kwargs, batch, seq_len, self.cluster.peak_flops)
+            return Compute.estimated(kwargs, work.batch, work.seq_len, self.cluster.peak_flops)
         return None
 
-    def stage_compute(self, llama_kwargs: dict, batch: int, seq_len: int, precision: str, mp: ModelParallel,
-                      schedule: str) -> Compute | None:
-        """The probe's in-place measurement of this layout (launcher.probe.layout: the same model shapes, batch per
-        data-parallel rank, degrees, microbatches, schedule and sequence parallelism), priced at ceil(L / pp)
-        layers per stage; None when the probe has none."""
-        wanted = ({k: llama_kwargs[k] for k in LLAMA_KEYS}, batch, seq_len, precision, mp.P, mp.T, mp.microbatches,
-                  schedule if mp.P > 1 else None, mp.sequence_parallel)
+    def stage_compute(self, layout: Layout, work: Workload) -> Compute | None:
+        """The probe's in-place measurement of this layout (launcher.actions.probe.layout: the same model shapes,
+        batch per data-parallel rank, degrees, microbatches, schedule and sequence parallelism), priced at
+        ceil(L / pp) layers per stage; None when the probe has none."""
+        kwargs = work.llama_kwargs
+        wanted = ({k: kwargs[k] for k in LLAMA_KEYS}, work.batch, work.seq_len, work.precision, layout.P, layout.T,
+                  work.microbatches, work.schedule if layout.P > 1 else None, work.sequence_parallel)
         for w in (self.probe or {}).get("layouts", []):
             have = ({k: w["model"].get(k) for k in LLAMA_KEYS}, w["batch_per_rank"], w["seq_len"], w["precision"],
                     w["pp"], w["tp"], w["microbatches"], w["pp_schedule"] if w["pp"] > 1 else None,
                     w["sequence_parallel"])
             if have == wanted:
-                per = stage_seconds(w, llama_kwargs["num_hidden_layers"])
+                per = stage_seconds(w, kwargs["num_hidden_layers"])
                 return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"],
                                "the layout's stage measured in place by the probe", in_place=True)
         return None
@@ -119,15 +119,11 @@ class Predictor:
         """`layout` placed as `placement`, doing `work`. A probe written before barriers were timed prices them at
         nothing."""
         barrier_s = (self.probe or {}).get("barrier_s", 0.0)
-        kwargs = work.llama_kwargs
-        mp = ModelParallel.of(kwargs, work.batch, work.seq_len, layout.P, layout.T, work.microbatches,
-                              work.sequence_parallel)
         if placement.loads is None:
-            placement.loads = load(placement, layout.F, layout.R, layout.S, self.topo, layout.P, layout.T)
-        return step_time(layout, Shapes.of(kwargs), model, Links(self.network, placement.loads),
-                         self.compute(kwargs, work.batch, work.seq_len, work.precision, mp, work.schedule),
-                         overlap=self.cluster.device == "cuda", sync_s=sync_seconds(barrier_s, layout.F, layout.A),
-                         mp=mp)
+            placement.loads = load(placement, layout, self.topo)
+        return step_time(layout, Shapes.of(work.llama_kwargs), model, Links(self.network, placement.loads),
+                         self.compute(layout, work), overlap=self.cluster.device == "cuda",
+                         sync_s=sync_seconds(barrier_s, layout), acts=work.activations)
 
 
 @dataclass(frozen=True)
@@ -141,3 +137,7 @@ class Workload:
     microbatches: int = 1
     sequence_parallel: bool = False
     schedule: str = "1f1b"
+
+    @property
+    def activations(self) -> Activations:
+        return Activations.of(self.llama_kwargs, self.batch, self.seq_len, self.microbatches, self.sequence_parallel)

@@ -21,18 +21,17 @@ from pathlib import Path
 
 import submitit
 
-from launcher.errors import ConfigError, SubmitError
 from launcher.placement import topology
+from launcher.placement.injob import PlacedTrainJob
 from launcher.placement.topology import Topology
 from launcher.settings import Cluster
 from launcher.slurm import jobenv, scontrol
-from launcher.slurm.injob import PlacedTrainJob
-from launcher.slurm.submit import hostfile_path, require_netns, sbatch_text, slurm_parameters
+from launcher.submit import hostfile_path, require_netns, sbatch_text, slurm_parameters
 from launcher.sweep import PlannedRun, Run
-from train.common import write_atomic
+from train.contract import submitit_compat
+from train.contract.common import ConfigError, SubmitError, write_atomic
 from train.job import TrainJob
-from train.runtime import submitit_compat
-from train.runtime.forked_ranks import ForkedRanks
+from train.job.forked_ranks import ForkedRanks
 
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE")
@@ -177,7 +176,7 @@ class RanksExecutor(submitit.LocalExecutor):
 
 class Local(Scheduler):
     """One submitit LocalExecutor job per run, on this machine: its one task imports the trainer and forks the
-    run's ranks (train.runtime.forked_ranks)."""
+    run's ranks (train.job.forked_ranks)."""
 
     runs_here = True
 

@@ -3,11 +3,11 @@ the largest layout of its strategy that the nodes left hold. The manifest record
 so a later invocation resubmits the run on its shrunk layout rather than refusing its checkpoints."""
 from __future__ import annotations
 
-from launcher.errors import ConfigError
 from launcher.placement import allocate
 from launcher.sweep import Run
-from train.parallel.strategy import STRATEGIES
-from train.spec import RunSpec
+from train.contract.common import ConfigError
+from train.contract.layout import Layout
+from train.contract.spec import RunSpec
 
 
 class ShrinkError(ConfigError):
@@ -21,45 +21,44 @@ def check(runs: list[Run]) -> None:
         raise ConfigError(f"retry_shrink=true needs checkpoints to resume from, but {bare[0]} has "
                           f"train.checkpoint_every=0" + (f" ({len(bare) - 1} more run(s) too)" if len(bare) > 1 else "")
                           + ": set train.checkpoint_every=K")
-    split = [r.run_id for r in runs if r.spec.train.tp * r.spec.train.pp > 1]
+    split = [r.run_id for r in runs if r.spec.layout.T * r.spec.layout.P > 1]
     if split:
         raise ConfigError(f"retry_shrink=true resumes on fewer nodes by changing F, R or S, which a run with "
                           f"train.tp or train.pp > 1 ({split[0]}) cannot do yet: set retry_shrink=false")
 
 
-def layout_on(spec: RunSpec, nodes: int, G: int) -> tuple[int, int, int]:
-    """The largest (F, R, S) of the run's strategy on `nodes` nodes of G GPUs: FSDP shards over them all, HSDP
+def layout_on(spec: RunSpec, nodes: int, G: int) -> Layout:
+    """The largest layout of the run's strategy on `nodes` nodes of G GPUs: FSDP shards over them all, HSDP
     keeps S and replicates over them, an FL run keeps its federation groups' shape and drops groups (they are
     loosely coupled: the remaining ones continue from the federation's last average)."""
+    L = spec.layout
     if nodes < 1:
         raise ShrinkError(f"{spec.run_id}: no usable node is left to resume on")
-    row = STRATEGIES[spec.strategy]
-    if not row.federated:  # FSDP shards over every GPU left; HSDP keeps its shard group and replicates it
-        return (1, max(1, nodes * G // spec.S), spec.S) if row.replicated else (1, 1, nodes * G)
-    group = spec.R * spec.S
-    F = min(spec.F, nodes * G // group)
-    while F >= 2 and not _packs(F, spec.R, spec.S, G):
+    if not L.federated:  # FSDP shards over every GPU left; HSDP keeps its shard group and replicates it
+        return L.regrid(1, max(1, nodes * G // L.S), L.S) if L.row.replicated else L.regrid(1, 1, nodes * G)
+    F = min(L.F, nodes * G // (L.R * L.S))
+    while F >= 2 and not _packs(L.regrid(F, L.R, L.S), G):
         F -= 1
     if F < 2:
         raise ShrinkError(f"{spec.run_id}: the {nodes} usable node(s) left hold {F} federation group(s) of "
-                          f"{group} ranks, and an FL run cannot shrink below F=2; not resubmitted")
-    return F, spec.R, spec.S
+                          f"{L.R * L.S} ranks, and an FL run cannot shrink below F=2; not resubmitted")
+    return L.regrid(F, L.R, L.S)
 
 
-def _packs(F: int, R: int, S: int, G: int) -> bool:
+def _packs(layout: Layout, G: int) -> bool:
     try:
-        allocate.units(F, R, S, G)
+        allocate.units(layout, G)
     except ConfigError:
         return False
     return True
 
 
-def resized(run: Run, layout: tuple[int, int, int], G: int, note: str) -> Run:
-    """`run` on another (F, R, S), resuming elastically in the same directory under the same run id."""
-    F, R, S = layout
+def resized(run: Run, layout: Layout, G: int, note: str) -> Run:
+    """`run` on another layout of its strategy, resuming elastically in the same directory under the same run id
+    (the spec keeps its config and repeat)."""
     raw = run.spec.to_dict()
-    raw.update(F=F, R=R, S=S, train={**raw["train"], "elastic": True})
-    per_unit, units = allocate.units(F, R, S, G)
+    raw.update(F=layout.F, R=layout.R, S=layout.S, train={**raw["train"], "elastic": True})
+    per_unit, units = allocate.units(layout, G)
     return Run(spec=RunSpec.from_dict(raw), nodes=per_unit * units, note=note)
 
 
@@ -69,7 +68,8 @@ def change(run: Run, to: Run, attempt: int, lost: list[str]) -> dict:
 
 
 def _layout(run: Run) -> dict:
-    return {"F": run.spec.F, "R": run.spec.R, "S": run.spec.S, "nodes": run.nodes}
+    L = run.spec.layout
+    return {"F": L.F, "R": L.R, "S": L.S, "nodes": run.nodes}
 
 
 def as_recorded(run: Run, entry: dict, G: int) -> Run:
@@ -77,4 +77,5 @@ def as_recorded(run: Run, entry: dict, G: int) -> Run:
     if not entry.get("shrunk"):
         return run
     last = entry["shrunk"][-1]["to"]
-    return resized(run, (last["F"], last["R"], last["S"]), G, f"shrunk to {last['nodes']} node(s) earlier")
+    return resized(run, run.spec.layout.regrid(last["F"], last["R"], last["S"]), G,
+                   f"shrunk to {last['nodes']} node(s) earlier")

@@ -8,18 +8,15 @@ shards, or a shard spans (tp x pp) / G nodes.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import asdict, dataclass, field
 
-from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement, check_model_parallel, shards_per_node
 from launcher.settings import Settings
-from train.common import FedshardError
-from train.data import token_index
-from train.parallel.strategy import STRATEGIES
-from train.sections import ModelSection, TextData, TokensData, data_section
-from train.spec import RunSpec
+from train.contract import token_index
+from train.contract.common import ConfigError, FedshardError
+from train.contract.layout import STRATEGIES, Layout
+from train.contract.sections import TextData, TokensData, data_to_dict
+from train.contract.spec import RunSpec
 
 
 @dataclass
@@ -37,17 +34,18 @@ class Run:
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """A run placed on the cluster's topology (plan.place_runs), handed to plan.json and to submission."""
+    """A run placed on the cluster's topology (launcher.planning.place_runs), handed to plan.json and to submission."""
 
     run: Run
     placement: Placement
     leaves: int | None  # leaf switches (or blocks) the placement spans, when the topology is the real one
-    topology_request: dict = field(default_factory=dict)  # sbatch --switches or --segment (plan.topology_request)
+    topology_request: dict = field(default_factory=dict)  # sbatch --switches or --segment
+    # (launcher.planning.topology_request)
 
 
-def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None, tp: int = 1,
-           pp: int = 1) -> tuple[int, int, int]:
-    """(F, R, S) for a strategy on `nodes` nodes, each shard being pp x tp GPUs."""
+def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None, A: int | None, tp: int = 1,
+           pp: int = 1) -> Layout:
+    """A strategy's layout on `nodes` nodes (the paper's rules: module docstring), each shard being pp x tp GPUs."""
     check_model_parallel(tp, gpus_per_node)
     grid = shards_per_node(nodes, gpus_per_node, pp, tp)
     if grid is None:
@@ -55,8 +53,8 @@ def layout(strategy: str, nodes: int, gpus_per_node: int, F: int | None, tp: int
                           f"GPUs nor fill whole nodes of the {nodes}")
     nodes, S = grid
     try:
-        return STRATEGIES[strategy].grid(nodes, S, F)
-    except ValueError as exc:
+        return Layout(strategy, *STRATEGIES[strategy].grid(nodes, S, F), A=A, P=pp, T=tp)
+    except (ValueError, FedshardError) as exc:
         raise ConfigError(str(exc)) from None
 
 
@@ -98,7 +96,7 @@ SCALINGS = ("none", "weak", "strong")
 def per_gpu_batches(settings: Settings, counts: list[int]) -> dict[int, int]:
     """train.batch_per_rank (sequences per GPU) at each node count: the same everywhere, except under
     sweep.scaling=strong, which keeps the global batch of the smallest count and splits it over more GPUs."""
-    scaling, batch = settings.sweep.scaling, settings.train["batch_per_rank"]  # train=base sets it (train.config)
+    scaling, batch = settings.sweep.scaling, settings.train.batch_per_rank
     if scaling not in SCALINGS:
         raise ConfigError(f"sweep.scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     if scaling != "none" and len(set(counts)) < 2:
@@ -119,7 +117,7 @@ def per_gpu_batches(settings: Settings, counts: list[int]) -> dict[int, int]:
 
 def _degrees(values: list, key: str, settings: Settings) -> list[int]:
     """sweep.tp / sweep.pp, or the train setting when the sweep does not vary it (an empty list)."""
-    values = values or [settings.train.get(key, 1)]
+    values = values or [getattr(settings.train, key)]
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
         raise ConfigError(f"sweep.{key} must be a list of positive integers, got {values!r}")
     return values
@@ -129,13 +127,12 @@ def _excluded(point: dict, exclude: list) -> bool:
     return any(all(point.get(k) == v for k, v in rule.items()) for rule in exclude)
 
 
-def expand(settings: Settings, point: dict[str, str] | None = None, axes: list | None = None) -> list[Run]:
+def expand(settings: Settings, point: dict[str, str] | None = None) -> list[Run]:
     """Every run of the sweep, validated (a bad one stops the whole sweep before submission), repeats
-    interleaved round-robin. `point`: the values a multirun gave its swept `axes` (launcher.multirun), which
-    `settings` were composed with; the run ids and specs carry them."""
+    interleaved round-robin. `point`: the values a multirun gave its swept keys, in the order typed
+    (launcher.multirun), which `settings` were composed with; the specs carry them (and their run ids name them)."""
     sweep = settings.sweep
-    model = ModelSection.from_dict(settings.model)  # what the jobs would refuse at start, refused here
-    data = data_section(settings.data)
+    model, data = settings.model, settings.data
     if isinstance(data, TextData):
         data.files()  # a typo in a path fails now, not after a queue wait
     prepared = token_index.load(data.path, data.tokenizer) if isinstance(data, TokensData) else None
@@ -158,8 +155,8 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
                 where = {"strategy": strategy, "A": A, "F": F_asked, "nodes": nodes, "tp": tp, "pp": pp}
                 if _excluded(where, sweep.exclude):
                     continue
-                cell = Cell(strategy, nodes, F, A, tp, pp, note)
-                runs_here = [_run(settings, cell, rep, point or {}, axes or [], batches[nodes])
+                runs_here = [_run(settings, layout(strategy, nodes, settings.cluster.gpus_per_node, F, A, tp, pp),
+                                  nodes, note, rep, point or {}, batches[nodes])
                              for rep in range(1, sweep.repeats + 1)]
                 if prepared is not None:  # a prepared directory too small or of another vocabulary: refused now
                     _feeds(prepared, data, model.llama_kwargs["vocab_size"], runs_here[0].spec)
@@ -178,53 +175,29 @@ def expand(settings: Settings, point: dict[str, str] | None = None, axes: list |
 def _feeds(index: dict, data: TokensData, vocab: int, spec: RunSpec) -> None:
     cfg = spec.train
     try:
-        token_index.check_run(index, data.path, vocab, cfg.seq_len, spec.dims.dp_world * cfg.batch_per_rank,
+        token_index.check_run(index, data.path, vocab, cfg.seq_len, spec.layout.dp_world * cfg.batch_per_rank,
                               cfg.steps, data.epochs)
     except FedshardError as exc:
         raise ConfigError(f"{spec.run_id}: {exc}") from None
 
 
-def point_suffix(point: dict[str, str], axes: list) -> str:
-    """The run id's part naming a multirun point (launcher.multirun's axes): -lr0.001-modeltiny (characters a
-    directory name would trip on become _)."""
-    return "".join(f"-{a.label}{re.sub(r'[^A-Za-z0-9.+_]', '_', point[a.key])}" for a in axes)
-
-
-class Cell(NamedTuple):
-    """One configuration of the sweep's grid: a strategy on a node count, with F (scaled to it: scaled_F, for a
-    strategy that chooses F), A, tp and pp, and what the plan says of it (`note`)."""
-    strategy: str
-    nodes: int
-    F: int | None
-    A: int | None
-    tp: int
-    pp: int
-    note: str = ""
-
-
-def _run(settings: Settings, cell: Cell, rep: int, point: dict[str, str], axes: list, batch: int) -> Run:
-    strategy, nodes, F, A, tp, pp, note = cell
-    cluster, sweep = settings.cluster, settings.sweep
-    F_, R, S = layout(strategy, nodes, cluster.gpus_per_node, F, tp, pp)
-    world = F_ * R * S * tp * pp
-    if cluster.max_ranks is not None and world > cluster.max_ranks:
-        raise ConfigError(f"{strategy} on {nodes} nodes needs {world} ranks but cluster {cluster.name!r} holds "
-                          f"at most {cluster.max_ranks} (cluster.max_ranks)")
-    raw = {"strategy": strategy, "F": F_, "R": R, "S": S, "A": A, "out_dir": "pending", "model": settings.model,
-           "data": settings.data, "train": per_pipeline({**settings.train, "batch_per_rank": batch}, tp, pp),
-           "device": cluster.device, "backend": cluster.backend, "peak_flops": cluster.peak_flops}
+def _run(settings: Settings, grid: Layout, nodes: int, note: str, rep: int, point: dict[str, str],
+         batch: int) -> Run:
+    """Repeat `rep` of `grid` on `nodes` nodes at a multirun `point`: its spec (seed + rep - 1, so repeats measure
+    run-to-run spread), in <sweep_dir>/<run id>."""
+    cluster = settings.cluster
+    if cluster.max_ranks is not None and grid.world > cluster.max_ranks:
+        raise ConfigError(f"{grid.strategy} on {nodes} nodes needs {grid.world} ranks but cluster {cluster.name!r} "
+                          f"holds at most {cluster.max_ranks} (cluster.max_ranks)")
+    train = per_pipeline({**asdict(settings.train), "batch_per_rank": batch}, grid.T, grid.P)
+    raw = {"strategy": grid.strategy, "F": grid.F, "R": grid.R, "S": grid.S, "A": grid.A, "out_dir": "pending",
+           "model": settings.model.to_dict(), "data": data_to_dict(settings.data),
+           "train": {**train, "seed": train["seed"] + rep - 1},
+           "device": cluster.device, "backend": cluster.backend, "peak_flops": cluster.peak_flops,
+           "axes": dict(point), "repeat": rep, "rank_order": cluster.rank_order}
     try:
-        spec = RunSpec.from_dict(raw)  # out_dir follows once the run id is final
+        spec = RunSpec.from_dict(raw)  # out_dir follows from the run id
     except FedshardError as exc:
-        raise ConfigError(f"{strategy} (F,R,S)=({F_},{R},{S}): {exc}") from None
-    if point:
-        spec.run_id += point_suffix(point, axes)
-        spec.axes = dict(point)
-    if rep > 1:  # repeat 1 keeps the run's own id, so a run that finished before repeats were asked counts as it
-        spec.run_id += f"-rep{rep}"
-    elif sweep.repeats > 1 and (settings.sweep_dir / f"{spec.run_id}-rep1").is_dir() \
-            and not (settings.sweep_dir / spec.run_id).exists():
-        spec.run_id += "-rep1"  # a sweep run before repeat 1 kept its id (results/ holds such)
-    spec.train.seed += rep - 1  # repeats differ in seed, so they measure run-to-run spread
+        raise ConfigError(f"{grid.strategy} (F,R,S)=({grid.F},{grid.R},{grid.S}): {exc}") from None
     spec.out_dir = str(settings.sweep_dir / spec.run_id)
     return Run(spec=spec, nodes=nodes, note=note)

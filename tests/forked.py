@@ -27,8 +27,8 @@ from train.runtime.launch_env import free_port
 # The forkserver starts once per pytest process, with the preload of whichever call starts it: every test passes
 # this one (forked children here, tests.support.run_ranks for gloo ranks).
 # (not launcher.__main__: runpy runs it)
-PRELOAD = (*train.runtime.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.plan",
-           "launcher.run", "launcher.report.results", "launcher.report.write", "launcher.validate")
+PRELOAD = (*train.runtime.local_ranks.PRELOAD, "launcher.multirun", "launcher.settings", "launcher.actions.plan",
+           "launcher.actions.run", "launcher.report.results", "launcher.report.write", "launcher.actions.validate")
 
 
 def _child(module: str, argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:

@@ -12,9 +12,9 @@ import torch
 
 from train import model as models
 from train import optim
+from train.contract.spec import RunSpec
 from train.data import sources as data
 from train.federation.outer import split
-from train.spec import RunSpec
 
 
 class Reference:
@@ -24,20 +24,20 @@ class Reference:
         self.source = data.build_source(spec.data, config.vocab_size, cfg.seq_len, cfg.seed)
         torch.manual_seed(cfg.seed)
         base = models.build(config, "cpu")
-        self.models = [copy.deepcopy(base) for _ in range(spec.F)]
+        self.models = [copy.deepcopy(base) for _ in range(spec.layout.F)]
         self.optimizers = [optim.adamw(m.parameters(), cfg) for m in self.models]
         self.schedules = [optim.schedule(o, cfg) for o in self.optimizers]
         self.synced = [p.detach().clone() for p in base.parameters()]
         self.momentum = [torch.zeros_like(p) for p in self.synced]
         if spec.federated:
             self.fragments = split([p.numel() for p in self.synced], cfg.outer_fragments)
-            self.period = spec.A // cfg.outer_fragments
+            self.period = spec.layout.A // cfg.outer_fragments
         self.pending = None  # (tensor indices, every group's pseudo-gradients, the step it lands after)
 
     def group_batch(self, f: int, i: int) -> torch.Tensor:
         """Step i's sequences of federation group f: its slice of the global batch."""
         spec = self.spec
-        b = spec.R * spec.S * spec.train.batch_per_rank
+        b = spec.layout.R * spec.layout.S * spec.train.batch_per_rank
         return self.source.train_batch(i, range(f * b, (f + 1) * b), data.global_batch(spec), spec.train.seq_len)
 
     def step(self, i: int) -> list[float]:
@@ -56,7 +56,7 @@ class Reference:
             return losses
         done = i + 1
         if not cfg.streamed:
-            if done % spec.A == 0:
+            if done % spec.layout.A == 0:
                 self.average()
             return losses
         if self.pending is not None and self.pending[2] == done:

@@ -50,7 +50,7 @@ def children(pid: int) -> list[int]:
 
 def make_result(**fields):
     """A RunResult of a small finished run, any field replaced (for tests of what reads results)."""
-    from train.result import RunResult, Stats
+    from train.contract.result import RunResult, Stats
 
     idle = Stats(None, None, 0)
     base = dict(run_id="fsdp-F1-R1-S4", strategy="fsdp", F=1, R=1, S=4, A=None, world_size=4, steps=8, seq_len=16,
@@ -67,7 +67,7 @@ def uninterrupted(spec: dict):
     writes into its out_dir (metrics.jsonl, evals.jsonl, checkpoints, result.json); returns the result. The
     reference an interrupted run is compared with, without each rank's ~4 s start of a fresh interpreter; the
     interrupted runs themselves go through the real entrypoint."""
-    from train.spec import RunSpec
+    from train.contract.spec import RunSpec
 
     return run_ranks(_uninterrupted_rank, RunSpec.from_dict(spec).world_size, spec)[0]
 
@@ -78,8 +78,8 @@ def uninterrupted_like(spec_path: Path, out_dir: Path):
 
 
 def _uninterrupted_rank(rank: int, world: int, raw: dict):
+    from train.contract.spec import RunSpec
     from train.loop import Trainer
-    from train.spec import RunSpec
 
     spec = RunSpec.from_dict(raw)
     out_dir = Path(spec.out_dir)
@@ -97,3 +97,12 @@ def run_ranks(fn, world: int, *args) -> list:
     from train.runtime import local_ranks
 
     return local_ranks.run_ranks(fn, world, *args, preload=forked.PRELOAD)
+
+
+def grid(F: int, R: int, S: int, P: int = 1, T: int = 1, A: int = 1):
+    """The Layout of an (F, R, S) grid under the strategy that has it (federated when F > 1, replicated when R > 1;
+    A where it averages): for tests of code that needs only the grid."""
+    from train.contract.layout import Layout
+
+    strategy = ("fl_" if F > 1 else "") + ("hsdp" if R > 1 else "fsdp")
+    return Layout(strategy, F, R, S, A if F > 1 else None, P, T)

@@ -4,14 +4,13 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Shard
 
-from tests.support import run_ranks
+from tests.support import grid, run_ranks
 from train import model as models
-from train.common import AlignmentError
+from train.contract.common import AlignmentError
+from train.contract.spec import RunSpec
 from train.federation import alignment
 from train.loop import Trainer
 from train.parallel import mesh as meshes
-from train.parallel.dims import Dims
-from train.spec import RunSpec
 
 CONFIG = models.llama_config({"preset": "tiny", "vocab_size": 511})
 
@@ -35,11 +34,11 @@ def _reorder(model):
 
 
 def _injected(rank, world, injection):
-    mesh = meshes.build("cpu", Dims(2, 1, 2))  # F=2 groups of S=2 shards
-    odd_group = Dims(2, 1, 2).coords(rank)[0] == 1
+    mesh = meshes.build("cpu", grid(2, 1, 2))  # F=2 groups of S=2 shards
+    odd_group = grid(2, 1, 2).coords(rank)[0] == 1
     if injection == "different_S":
         # Group 1 shards over S=1 (HSDP R=2 x S=1) while group 0 uses S=2.
-        other = meshes.build("cpu", Dims(2, 2, 1))
+        other = meshes.build("cpu", grid(2, 2, 1))
         model = _sharded(other["replicate", "shard"] if odd_group else mesh["shard"])
     elif injection == "shard_dim1":
         fn = (lambda p: Shard(1) if p.ndim == 2 else Shard(0)) if odd_group else None

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import ConfigError
 from launcher.placement import allocate, topology
 from launcher.slurm.parse import Node, Switch, parse_nodes
+from tests.support import grid
+from train.contract.common import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "slurm-22.05.8"
 BW = [240e9, 25e9, 12.5e9, 6e9]
@@ -23,7 +24,7 @@ def captured() -> topology.Topology:
 def test_captured_cluster_avoids_down_and_drained_nodes_and_keeps_groups_low():
     topo = captured()
     assert "lrdn0015" not in topo.usable() and "lrdn0016" not in topo.usable()
-    p = allocate.place(3, 4, 4, 4, topo)  # 3 groups of 4 nodes: leaf04 has only 2 usable nodes
+    p = allocate.place(grid(3, 4, 4), 4, topo)  # 3 groups of 4 nodes: leaf04 has only 2 usable nodes
     assert "lrdn0015" not in p.nodes and "lrdn0016" not in p.nodes
     assert p.group_levels == [0, 0, 0]  # each federation group fills one leaf switch
     # leaf01 and leaf02 share cell1, leaf03 is in cell2: federation traffic crosses the spine.
@@ -34,14 +35,14 @@ def test_captured_cluster_avoids_down_and_drained_nodes_and_keeps_groups_low():
 
 def test_no_placement_says_why_and_what_fits():
     with pytest.raises(allocate.NoPlacement, match="needs 16 nodes .* only 14 are usable; at most 3 federation"):
-        allocate.place(4, 4, 4, 4, captured())
+        allocate.place(grid(4, 4, 4), 4, captured())
 
 
 def test_assess_flags_a_placement_that_breaks_the_ordering():
     topo = captured()
     # Replicas across cells, federation groups inside a leaf: B_R < B_F.
     hosts = ["lrdn0001", "lrdn0009", "lrdn0002", "lrdn0010"]
-    p = allocate.assess(2, 2, 1, hosts, topo)
+    p = allocate.assess(grid(2, 2, 1), hosts, topo)
     assert p.bandwidth["B_R"] == 6e9 and p.bandwidth["B_F"] == 25e9 and not p.hierarchy_ok
 
 
@@ -51,10 +52,10 @@ def test_slurm_order_is_name_order_across_leaves_as_on_the_testbed():
                                    Switch("leaf2", 0, 1, ["tb1", "tb3"], [], {}),
                                    Switch("spine", 1, 1, ["tb1", "tb2", "tb3", "tb4"], ["leaf1", "leaf2"], {})])
     topo.with_bandwidth([3.0, 2.0, 1.0], "bw")
-    placed = allocate.place(2, 2, 2, 2, topo)  # FL+HSDP: each federation group under one leaf
+    placed = allocate.place(grid(2, 2, 2), 2, topo)  # FL+HSDP: each federation group under one leaf
     assert placed.hosts[:4] == ["tb2", "tb2", "tb4", "tb4"]
     assert placed.bandwidth == {"B_T": None, "B_P": None, "B_S": 3.0, "B_R": 2.0, "B_F": 1.0}
-    slurm = allocate.in_slurm_order(placed, 2, 2, 2, 2, topo)
+    slurm = allocate.in_slurm_order(placed, grid(2, 2, 2), 2, topo)
     assert slurm.nodes == ["tb1", "tb2", "tb3", "tb4"] and slurm.hosts[:4] == ["tb1", "tb1", "tb2", "tb2"]
     # Replicas now cross the spine and the federation stays in a leaf: B_R < B_F, the paper's situation.
     assert slurm.bandwidth == {"B_T": None, "B_P": None, "B_S": 3.0, "B_R": 1.0, "B_F": 2.0} and not slurm.hierarchy_ok
@@ -82,7 +83,7 @@ def test_bandwidth_must_cover_levels_and_not_increase():
 
 
 def test_plan_from_a_snapshot_directory(tmp_path):
-    from launcher.plan import plan
+    from launcher.actions.plan import plan
     from launcher.settings import compose
 
     snap = tmp_path / "snap"
@@ -92,7 +93,7 @@ def test_plan_from_a_snapshot_directory(tmp_path):
     settings = compose(["sweep=paper_table3", "cluster=leonardo", f"cluster.snapshot={snap}", "cluster.nodes=8",
                         "cluster.bandwidth_GBps=[240,25,12.5,6]", f"results_dir={tmp_path}"])
     planned, entries = plan(settings)
-    assert [(e.F, e.R, e.S) for e in entries] == [(1, 1, 32), (1, 8, 4), (8, 1, 4), (2, 4, 4)]
+    assert [(e.layout.F, e.layout.R, e.layout.S) for e in entries] == [(1, 1, 32), (1, 8, 4), (8, 1, 4), (2, 4, 4)]
     for p, e in zip(planned, entries):
         assert len(e.hostfile) == e.world_size and e.hierarchy_ok
         assert not {"lrdn0015", "lrdn0016"} & set(e.nodes)
@@ -159,9 +160,9 @@ def test_placement_properties(topo, F, R, G, S_mult):
     S = G * S_mult
     usable = set(topo.usable())
     try:
-        p = allocate.place(F, R, S, G, topo)
+        p = allocate.place(grid(F, R, S), G, topo)
     except allocate.NoPlacement:
-        k, units = allocate.units(F, R, S, G)
+        k, units = allocate.units(grid(F, R, S), G)
         assert len(usable) < k * units
         return
     world = F * R * S
@@ -205,7 +206,7 @@ def test_placement_properties(topo, F, R, G, S_mult):
 def test_report_verifies_where_ranks_really_ran():
     from launcher.report.verify import placement_rows
     from tests.support import make_result
-    from train.result import RankRecord
+    from train.contract.result import RankRecord
 
     topo = captured()
 
@@ -251,7 +252,7 @@ def test_a_node_is_free_only_when_its_free_gpus_and_cpus_hold_a_share():
 
 @pytest.mark.parametrize("placement", ["pinned", "in_job"])
 def test_plans_never_use_a_node_without_a_free_share(tmp_path, placement):
-    from launcher.plan import place_runs
+    from launcher.planning import place_runs
     from launcher.settings import compose
     from launcher.sweep import expand
 
@@ -267,7 +268,7 @@ def test_plans_never_use_a_node_without_a_free_share(tmp_path, placement):
 
 
 def test_in_job_plans_on_busy_nodes_only_when_too_few_are_free_and_says_so(tmp_path):
-    from launcher.plan import place_runs
+    from launcher.planning import place_runs
     from launcher.settings import compose
     from launcher.sweep import expand
 
@@ -292,7 +293,7 @@ def test_placement_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
         return real_search(*args)
 
     monkeypatch.setattr(allocate, "_search", spy)
-    allocate.place(2, 1, 4, 4, captured())
+    allocate.place(grid(2, 1, 4), 4, captured())
     monkeypatch.undo()
     assert seen and not any(seen) and gc.isenabled()
     with pytest.raises(ConfigError):
@@ -300,7 +301,7 @@ def test_placement_pauses_the_cyclic_collector_and_restores_it(monkeypatch):
     assert gc.isenabled()
     gc.disable()
     try:
-        allocate.place(2, 1, 4, 4, captured())
+        allocate.place(grid(2, 1, 4), 4, captured())
         assert not gc.isenabled()  # a caller that had it off keeps it off
     finally:
         gc.enable()

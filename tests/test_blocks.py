@@ -4,13 +4,13 @@ import shutil
 
 import pytest
 
-from launcher.errors import ConfigError
 from launcher.placement import topology
-from launcher.plan import place_runs
+from launcher.planning import place_runs
 from launcher.settings import compose
-from launcher.slurm.submit import sbatch_text, slurm_parameters
+from launcher.submit import sbatch_text, slurm_parameters
 from launcher.sweep import expand
 from tests.support import ROOT
+from train.contract.common import ConfigError
 
 NVL72 = ROOT / "tests" / "fixtures" / "nvl72"
 CAPTURE = ROOT / "tests" / "fixtures" / "slurm-25.11.7"

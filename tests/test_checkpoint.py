@@ -6,7 +6,7 @@ import pytest
 
 from tests import forked
 from tests.support import clean_env, losses, uninterrupted
-from train.result import RunResult
+from train.contract.result import RunResult
 
 STEPS, EVERY = 120, 20
 
@@ -81,8 +81,8 @@ def test_resuming_with_another_layout_or_spec_is_refused(tmp_path):
 
 def _guard_calls_around_resume(rank: int, world: int, out_dir: str) -> tuple[list, list]:
     import train.federation.federated as federated
+    from train.contract.spec import RunSpec
     from train.loop import Trainer
-    from train.spec import RunSpec
 
     calls = []
     real_check = federated.alignment.check
@@ -119,8 +119,8 @@ def _run_with_slow_checkpoints(rank: int, world: int, out_dir: str) -> dict:
     import time
 
     import train.runtime.checkpoint as checkpoint
+    from train.contract.spec import RunSpec
     from train.loop import Trainer
-    from train.spec import RunSpec
 
     real_save = checkpoint.Checkpointer.save
     checkpoint.Checkpointer.save = lambda *args: (time.sleep(SLOW_SAVE_S), real_save(*args))[1]

@@ -17,8 +17,8 @@ LAYOUTS = [("fsdp", 1, 1, 4, None, "fp32"), ("fl_fsdp", 4, 1, 1, 2, "fp32"), ("f
 
 def _save_around_fedavg(rank, world, root):
     from train import model as models
+    from train.contract.spec import RunSpec
     from train.loop import Trainer
-    from train.spec import RunSpec
 
     params = {}
     for strategy, F, R, S, A, precision in LAYOUTS:

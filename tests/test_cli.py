@@ -139,16 +139,16 @@ def test_every_train_key_has_its_default_from_the_schema_and_presets_hold_overri
     from omegaconf import OmegaConf
 
     from launcher.settings import CONF_DIR, compose, register_schema
-    from train.config import TrainConfig
+    from train.contract.config import TrainKeys
 
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainKeys)}
     assert not (ROOT / "conf" / "train" / "base.yaml").exists()
     register_schema()
     with initialize_config_dir(str(CONF_DIR), version_base=None):
         base = OmegaConf.to_container(hydra_compose("config", overrides=["train=base"]).train)
     assert {k: tuple(v) if isinstance(v, list) else v for k, v in base.items()} == defaults
     for preset in sorted(p.stem for p in (ROOT / "conf" / "train").glob("*.yaml")):
-        assert set(compose(["sweep=smoke", f"train={preset}"]).train) >= set(defaults), preset
+        assert set(dataclasses.asdict(compose(["sweep=smoke", f"train={preset}"]).train)) >= set(defaults), preset
         own = yaml.safe_load((ROOT / "conf" / "train" / f"{preset}.yaml").read_text())
         own.pop("defaults")
         cited = {line.split(":")[0] for line in (ROOT / "conf" / "train" / f"{preset}.yaml").read_text().splitlines()
@@ -156,7 +156,7 @@ def test_every_train_key_has_its_default_from_the_schema_and_presets_hold_overri
         repeated = {k for k, v in own.items() if (tuple(v) if isinstance(v, list) else v) == defaults[k]} - cited
         assert not repeated, f"conf/train/{preset}.yaml repeats defaults: {sorted(repeated)}"
     typed = compose(["sweep=smoke", "train.eps=1e-6", "train.watchdog_s=30", "train.init=meta"]).train
-    assert (typed["eps"], typed["watchdog_s"], typed["init"]) == (1e-6, 30, "meta")
+    assert (typed.eps, typed.watchdog_s, typed.init) == (1e-6, 30, "meta")
 
 
 def test_a_built_wheel_plans_from_another_directory_without_torch(tmp_path):
@@ -194,8 +194,8 @@ def test_a_results_dir_that_cannot_be_written_is_one_line(where, why, tmp_path, 
 
 
 def test_plan_console_sizes_split_and_no_clear_winner(tmp_path):
-    from launcher.plan import close_to_best
-    from launcher.report.tables import human_bytes
+    from launcher.actions.plan import close_to_best
+    from launcher.placement.memory import human_bytes
 
     assert [human_bytes(n) for n in (4.13e12, 48.2e9, 28.9e6, 1500, 12)] == ["4.13 TB", "48.2 GB", "28.9 MB",
                                                                           "1.5 kB", "12 B"]

@@ -1,13 +1,15 @@
 """The cost model must reproduce the paper's five formulas, their limits, and a sane ranking on a paper-like machine."""
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.errors import ConfigError
 from launcher.placement import topology
 from launcher.placement.costmodel import Model, comm_time, llama_params, model_from_preset, predict
 from launcher.placement.ranking import candidates, rank_layouts
-from train.parallel.strategy import Layout
+from train.contract.common import ConfigError, SpecError
+from train.contract.layout import Layout
 
 LLAMA3_8B = dict(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0, tie_word_embeddings=False)
@@ -87,17 +89,20 @@ def test_large_A_tends_to_no_federation(R):
             comm_time(Layout("fsdp", 1, 1, 4, None), GB, **BW), rel=1e-9)
 
 
-def test_F_one_is_exactly_fsdp_or_hsdp():
-    # Training forbids FL with F = 1; the cost model accepts it as the no-federation limit (no broadcast either).
-    assert comm_time(Layout("fl_fsdp", 1, 1, 4, 1), GB, **BW) == comm_time(Layout("fsdp", 1, 1, 4, None), GB, **BW)
-    assert comm_time(Layout("fl_hsdp", 1, 8, 4, 1), GB, **BW) == comm_time(Layout("hsdp", 1, 8, 4, None), GB, **BW)
+def test_infinite_A_is_fsdp_or_hsdp():
+    """F = 1 is no FL layout (Layout refuses it); as A grows, FL's communication tends to its groups'."""
+    far = 10**15
+    assert comm_time(Layout("fl_fsdp", 2, 1, 4, far), GB, **BW) == pytest.approx(
+        comm_time(Layout("fsdp", 1, 1, 4, None), GB, **BW))
+    assert comm_time(Layout("fl_hsdp", 2, 8, 4, far), GB, **BW) == pytest.approx(
+        comm_time(Layout("hsdp", 1, 8, 4, None), GB, **BW))
 
 
 sizes = st.integers(1, 64)
 bandwidths = st.floats(1e6, 1e12)
 
 
-@given(F=sizes, R=sizes, S=sizes, A=st.integers(1, 1000), dA=st.integers(0, 1000),
+@given(F=st.integers(2, 64), R=sizes, S=sizes, A=st.integers(1, 1000), dA=st.integers(0, 1000),
        bw=st.tuples(bandwidths, bandwidths, bandwidths), which=st.integers(0, 2), factor=st.floats(1, 100))
 def test_monotone_in_A_and_bandwidth(F, R, S, A, dA, bw, which, factor):
     base = comm_time(Layout("fl_hsdp", F, R, S, A), GB, *bw)
@@ -107,19 +112,27 @@ def test_monotone_in_A_and_bandwidth(F, R, S, A, dA, bw, which, factor):
     assert comm_time(Layout("fl_hsdp", F, R, S, A), GB, *faster) <= base
 
 
+@pytest.mark.parametrize("args,says", [
+    (("ddp", 1, 1, 4, None), "unknown strategy 'ddp'"),
+    (("fsdp", 1, 1, 0, None), "S must be a positive integer"),
+    (("fl_fsdp", 0, 1, 4, 8), "F must be a positive integer"),
+    (("fsdp", 1, 2, 4, None), "fsdp needs F = 1 and R = 1"),
+    (("hsdp", 2, 2, 4, None), "hsdp needs F = 1"),
+    (("fl_fsdp", 4, 1, 4, 0), "A (aggregation period in steps) must be an integer >= 1"),
+    (("fl_hsdp", 4, 2, 4, None), "A (aggregation period in steps) must be an integer >= 1"),
+    (("fl_fsdp", 1, 1, 4, 8), "fl_fsdp needs F >= 2"),
+])
+def test_a_layout_the_cost_model_cannot_price_cannot_be_made(args, says):
+    with pytest.raises(SpecError, match=re.escape(says)):
+        Layout(*args)
+
+
 @pytest.mark.parametrize("args,key", [
-    (("ddp", 1, 1, 4, None, GB, 1e11, None, None), "strategy"),
-    (("fsdp", 1, 1, 0, None, GB, 1e11, None, None), "S"),
-    (("fl_fsdp", 0, 1, 4, 8, GB, 1e11, None, 1e9), "F"),
-    (("fsdp", 1, 2, 4, None, GB, 1e11, 1e10, None), "R"),
-    (("hsdp", 2, 2, 4, None, GB, 1e11, 1e10, 1e9), "F"),
-    (("fl_fsdp", 4, 1, 4, 0, GB, 1e11, None, 1e9), "A"),
-    (("fl_hsdp", 4, 2, 4, None, GB, 1e11, 1e10, 1e9), "A"),
     (("fsdp", 1, 1, 4, None, GB, None, None, None), "B_S"),
     (("hsdp", 1, 2, 4, None, GB, 1e11, 0, None), "B_R"),
     (("fl_fsdp", 4, 1, 4, 8, GB, 1e11, None, -1.0), "B_F"),
 ])
-def test_bad_inputs_name_the_key(args, key):
+def test_bad_bandwidths_name_the_key(args, key):
     with pytest.raises(ValueError, match=rf"^{key}\b"):
         comm_time(Layout(*args[:5]), *args[5:])
 

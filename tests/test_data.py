@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import WORDS
-from train.common import DataError
+from train.contract.common import DataError
 from train.data.sources import build_source
 
 
@@ -225,7 +225,7 @@ def test_parquet_without_pyarrow_is_named_before_anything_runs(tmp_path, monkeyp
     """pyarrow is the `parquet` extra: without it a .parquet path is one line naming the extra."""
     import importlib.util
 
-    from train.sections import data_section
+    from train.contract.sections import data_section
 
     (tmp_path / "tok").mkdir()
     pq.write_table(pa.table({"text": ["w1 w2"]}), tmp_path / "a.parquet")

@@ -7,11 +7,11 @@ import pytest
 
 from tests.support import losses, uninterrupted
 from tests.test_checkpoint import _spec, _torchrun
-from train.config import TrainConfig
+from train.contract.config import TrainConfig
+from train.contract.result import RunResult
+from train.contract.spec import RunSpec
 from train.federation.outer import split
-from train.result import RunResult
 from train.runtime.checkpoint import Checkpointer
-from train.spec import RunSpec
 
 # (A, train keys, the step whose checkpoint a rank dies writing). Whole syncs: checkpoints at the FedAvgs (A=3)
 # at or after 10, 20: steps 12, 21. Streamed (3 fragments, one launched every 2 steps and landing 1 step later):

@@ -57,7 +57,9 @@ def test_layout_page_lists_every_module_of_the_tree():
 
 
 def test_config_keys_page_is_the_schema():
-    """docs/config-keys.md is `python -m train.config`: every train and data key, its type, default, limit, meaning."""
-    out = subprocess.run([sys.executable, "-m", "train.config"], cwd=ROOT, capture_output=True, text=True, check=True)
+    """docs/config-keys.md is `python -m train.contract.config`: every train and data key, its type, default,
+    limit, meaning."""
+    out = subprocess.run([sys.executable, "-m", "train.contract.config"], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
     assert (ROOT / "docs" / "config-keys.md").read_text() == out.stdout, \
-        "regenerate: python -m train.config > docs/config-keys.md"
+        "regenerate: python -m train.contract.config > docs/config-keys.md"

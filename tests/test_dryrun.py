@@ -1,16 +1,16 @@
-"""The dry-run (train.measure.dryrun, launcher.dryrun): a run's own code on fake tensors at its real world size measures
-the memory and issues the collectives that the same code holds and issues on real tensors and gloo ranks."""
+"""The dry-run (train.job.dryrun, launcher.actions.dryrun): a run's own code on fake tensors at its real world size
+measures the memory and issues the collectives that the same code holds and issues on real tensors and gloo ranks."""
 import json
 
 import pytest
 
 from launcher.__main__ import main
-from launcher.dryrun import sent_bytes, traffic
-from launcher.plan import model_sent_bytes
+from launcher.actions.dryrun import sent_bytes, traffic
+from launcher.planning import model_sent_bytes
 from launcher.sweep import Run
 from tests.support import run_ranks
-from train.measure.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
-from train.spec import RunSpec
+from train.contract.spec import RunSpec
+from train.job.dryrun import DryRunError, Watch, dryrun, exercise, group_names, report
 
 TINY = {"preset": "tiny"}
 CASES = {  # (spec, rank played): the four strategies, tp 2, pp 2 (both ends), DiLoCo, int8, 16-bit parameters

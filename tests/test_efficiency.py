@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 
 from tests.support import run_ranks
+from train.contract.spec import RunSpec
 from train.loop import Trainer
 from train.measure import energy, exposed
-from train.spec import RunSpec
 
 COLLECTIVES = ("all_gather_single", "reduce_scatter_single", "all_gather_into_tensor", "reduce_scatter_tensor",
                "all_reduce", "all_gather", "broadcast", "barrier", "all_to_all_single", "send", "recv")

@@ -6,7 +6,7 @@ import pytest
 
 from tests import forked
 from tests.support import clean_env, losses
-from train.result import RunResult
+from train.contract.result import RunResult
 
 STEPS, EVERY, A = 40, 10, 5
 

@@ -9,8 +9,8 @@ import pytest
 import submitit
 
 from tests.support import clean_env
+from train.contract.result import RunResult
 from train.job import TrainJob
-from train.result import RunResult
 
 
 def _spec(tmp_path, **over):

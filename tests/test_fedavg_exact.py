@@ -8,10 +8,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from tests.support import run_ranks
+from tests.support import grid, run_ranks
 from train.federation.federated import FedAvg
 from train.parallel import mesh as meshes
-from train.parallel.dims import Dims
 from train.parallel.parallelize import local
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -53,8 +52,8 @@ def _check(rank, strategy, F, R, S, dtype, T=1):
     what fp32 accumulation allows, whether every group holds the same bits). With T > 1 the two layers are
     split column- then row-wise over the tensor-parallel group before fully_shard, as train.parallel.tensor splits
     them."""
-    mesh = meshes.build("cpu", Dims(F, R, S, 1, T))
-    f, _, s, _, _ = Dims(F, R, S, 1, T).coords(rank)
+    mesh = meshes.build("cpu", grid(F, R, S, 1, T))
+    f, _, s, _, _ = grid(F, R, S, 1, T).coords(rank)
     model = _model(meshes.data_parallel_mesh(mesh, strategy), dtype, mesh["tp"] if T > 1 else None)
     fedavg = FedAvg(model, torch.optim.AdamW(model.parameters()), mesh, A=1, chunk_bytes=2000)  # several chunks
     params = [(name, local(p)) for name, p in model.named_parameters()]

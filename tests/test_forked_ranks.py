@@ -1,4 +1,4 @@
-"""A local run's ranks forked by its job's one task (train.runtime.forked_ranks), through the Local scheduler's
+"""A local run's ranks forked by its job's one task (train.job.forked_ranks), through the Local scheduler's
 executor: each rank is what a submitit task was (its rank, its logs, its status), a failing rank ends the others, and
 the ranks die with their task."""
 import json
@@ -13,7 +13,7 @@ import submitit
 
 from launcher.scheduler import RanksExecutor
 from tests.support import children, clean_env, wait_for
-from train.common import DataError
+from train.contract.common import DataError
 
 
 class Report:

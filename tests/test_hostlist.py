@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.errors import ConfigError
 from launcher.slurm.hostlist import ParseError, compress, expand
+from train.contract.common import ConfigError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

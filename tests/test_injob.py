@@ -8,17 +8,17 @@ import pytest
 
 from launcher import scheduler as schedulers
 from launcher.placement import topology
-from launcher.plan import place_runs
+from launcher.placement.injob import PlacedTrainJob
+from launcher.planning import place_runs
 from launcher.settings import compose
-from launcher.slurm.injob import PlacedTrainJob
 from launcher.slurm.parse import Switch
-from launcher.slurm.submit import slurm_parameters
+from launcher.submit import slurm_parameters
 from launcher.sweep import expand
 from tests.support import clean_env
 from tests.test_allocate import FIXTURES
 from tests.test_entrypoint import _spec
+from train.contract.result import RunResult
 from train.job import TrainJob
-from train.result import RunResult
 
 
 @pytest.mark.slow
@@ -30,8 +30,9 @@ def test_ranks_follow_the_topology_not_srun_order(tmp_path):
     topo_path.write_text(json.dumps(topology.to_json(topo.with_bandwidth([3.0, 2.0, 1.0], "bw"))))
     spec = _spec(tmp_path)  # fl_fsdp F=2 R=1 S=1
     # as `python -m train` and a submitit task do, leave without interpreter finalization (train.job)
-    code = (f"from launcher.slurm.injob import PlacedTrainJob; PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)(); "
-            f"from train.job import leave_without_finalization; leave_without_finalization(0)")
+    code = (f"from launcher.placement.injob import PlacedTrainJob; "
+            f"PlacedTrainJob({str(spec)!r}, {str(topo_path)!r}, 1)(); "
+            f"from train.runtime.ending import leave_without_finalization; leave_without_finalization(0)")
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=clean_env(SLURM_PROCID=str(p), SLURM_NTASKS="2", SLURM_LOCALID="0", SLURM_JOB_ID="77",
                                        SLURM_JOB_NODELIST="n[1-2]", SLURMD_NODENAME=f"n{p + 1}"))

@@ -12,10 +12,10 @@ import torch
 from launcher.__main__ import main as launcher_main
 from tests.support import run_ranks
 from train import model as models
+from train.contract.spec import RunSpec
 from train.loop import Trainer
 from train.measure.compile_time import CompileClock
 from train.parallel import float8
-from train.spec import RunSpec
 
 TOLERANCE = 1e-5  # compiled against eager, relative, every step (the issue's; fixed before the first run)
 

@@ -14,7 +14,7 @@ import pytest
 from launcher.settings import compose
 from launcher.sweep import expand
 from tests.support import children, clean_env, steps_logged, wait_for
-from train.result import RunResult
+from train.contract.result import RunResult
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -29,7 +29,7 @@ def _env(**extra):
 
 
 def _layouts(overrides):
-    return [(r.spec.strategy, r.spec.F, r.spec.R, r.spec.S, r.spec.A) for r in expand(compose(overrides))]
+    return [(L.strategy, L.F, L.R, L.S, L.A) for L in (r.spec.layout for r in expand(compose(overrides)))]
 
 
 def test_leonardo_paper_table3_plan_is_the_papers_four_runs(tmp_path):
@@ -65,9 +65,9 @@ def test_paper_preset_trains_the_authors_tokens_with_whole_fedavg_periods():
     settings = compose(["sweep=paper_table3", "cluster=leonardo"])
     train = settings.train
     world = settings.cluster.nodes * settings.cluster.gpus_per_node
-    assert world * train["batch_per_rank"] == 1024 and train["steps"] * world * train["batch_per_rank"] == 65_536
-    assert all(train["steps"] % A == 0 for A in settings.sweep.A)
-    assert train["checkpoint_every"] % 8 == 0 and train["steps"] * 1024 * train["seq_len"] == 134_217_728
+    assert world * train.batch_per_rank == 1024 and train.steps * world * train.batch_per_rank == 65_536
+    assert all(train.steps % A == 0 for A in settings.sweep.A)
+    assert train.checkpoint_every % 8 == 0 and train.steps * 1024 * train.seq_len == 134_217_728
 
 
 def test_sbatch_text_matches_golden_file(tmp_path):
@@ -208,21 +208,21 @@ def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):
 
 def test_a_bug_keeps_its_traceback_and_is_not_reported_as_bad_input(tmp_path, monkeypatch, capsys):
     """Only fedshard's own errors become `fedshard: error:` lines; a ValueError from a bug propagates."""
-    import launcher.plan
+    import launcher.actions.plan
     from launcher.__main__ import main
 
     def broken(settings, runs=None):
         raise ValueError("a bug in the planner")
 
-    monkeypatch.setattr(launcher.plan, "plan", broken)
+    monkeypatch.setattr(launcher.actions.plan, "plan", broken)
     with pytest.raises(ValueError, match="a bug in the planner"):
         main(["action=plan", f"results_dir={tmp_path}"])
     assert "fedshard: error" not in capsys.readouterr().err
 
 
 def test_sweep_lock_is_exclusive_and_removed_on_exit(tmp_path):
-    from launcher.errors import StateError
-    from launcher.lock import SweepLock
+    from launcher.records.lock import SweepLock
+    from train.contract.common import StateError
 
     with SweepLock(tmp_path) as held:
         assert (tmp_path / ".lock").read_text() == f"pid {os.getpid()}"

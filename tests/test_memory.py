@@ -16,8 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from launcher.placement import memory
 from tests.support import run_ranks
+from train.contract.spec import RunSpec
 from train.loop import Trainer
-from train.spec import RunSpec
 
 TOLERANCE = 0.25
 MODEL = {"vocab_size": 2048, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
@@ -75,7 +75,7 @@ def _measured_and_predicted(name: str) -> tuple[int, float]:
     """(largest rank peak, the model's bytes per device) of a layout, measured once per session."""
     spec = RunSpec.from_dict(LAYOUTS[name])
     measured = max(run_ranks(_peak, spec.world_size, LAYOUTS[name]))
-    return measured, memory.per_device(spec.model.llama_kwargs, memory.layout_of(spec)).total
+    return measured, memory.per_device(spec.model.llama_kwargs, memory.work_of(spec)).total
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

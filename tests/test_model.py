@@ -3,18 +3,17 @@ import resource
 
 from torch.distributed.tensor import DTensor
 
-from tests.support import run_ranks
+from tests.support import grid, run_ranks
 from train import model as models
 from train.parallel import mesh as meshes
 from train.parallel import parallelize
-from train.parallel.dims import Dims
 
 
 def _shard_8b(rank, world):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     config = models.llama_config({"preset": "llama3_8b"})
     model = models.build(config, "meta")
-    parallelize.shard(model, meshes.data_parallel_mesh(meshes.build("cpu", Dims(1, 1, world)), "fsdp"), "fp32", "fp32")
+    parallelize.shard(model, meshes.data_parallel_mesh(meshes.build("cpu", grid(1, 1, world)), "fsdp"), "fp32", "fp32")
     params = list(model.parameters())
     return {
         "params": models.count_params(model),
@@ -36,7 +35,7 @@ def test_llama3_8b_builds_on_meta_and_shards_without_memory():
 def test_presets_and_bad_model_keys():
     import pytest
 
-    from train.common import SpecError
+    from train.contract.common import SpecError
 
     assert models.count_params(models.build(models.llama_config({"preset": "tiny"}))) == 139_584
     with pytest.raises(SpecError, match="unknown model preset 'huge'"):

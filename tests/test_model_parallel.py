@@ -12,9 +12,9 @@ import pytest
 from tests import forked
 from tests.reference import Reference
 from tests.support import clean_env, losses, run_ranks, uninterrupted
+from train.contract.result import RunResult
+from train.contract.spec import RunSpec
 from train.loop import Trainer
-from train.result import RunResult
-from train.spec import RunSpec
 
 STEPS = 6
 TOL = 1e-5
@@ -39,7 +39,7 @@ def _case(rank, spec_dict):
     mine = dict(ref.models[f].named_parameters())
     worst = max((param.full_tensor() - mine[name]).abs().max().item()
                 for name, param in trainer.model.named_parameters())
-    last = p == spec.train.pp - 1
+    last = p == spec.layout.P - 1
     split = sorted(n for n, q in trainer.model.named_parameters() if "tp" in q.device_mesh.mesh_dim_names
                    and q.placements[q.device_mesh.mesh_dim_names.index("tp")].is_shard())
     return {"coord": trainer.coord, "data_rank": trainer.data_rank, "loss": losses if last else None,

@@ -10,10 +10,11 @@ import pytest
 
 from launcher import multirun
 from launcher.__main__ import main
-from launcher.errors import ConfigError
-from launcher.sweep import point_suffix
 from tests.support import ROOT, clean_env
-from train.result import RunResult
+from train.contract.common import ConfigError
+from train.contract.layout import Layout
+from train.contract.result import RunResult
+from train.contract.spec import config_name
 
 
 def test_split_parses_hydras_sweep_syntax():
@@ -24,7 +25,7 @@ def test_split_parses_hydras_sweep_syntax():
                                                  ("model", ["mini", "tiny"])]
     assert len(multirun.points(axes)) == 8
     point = {"train.lr": "0.001", "train.seed": "1", "model": "tiny"}
-    assert point_suffix(point, axes) == "-lr0.001-seed1-modeltiny"
+    assert config_name(Layout("fsdp", 1, 1, 2), point) == "fsdp-F1-R1-S2-lr0.001-seed1-modeltiny"
     for argv, message in ((["cluster=local,testbed"], "cluster cannot be swept with -m"),
                           (["results_dir=a,b"], "results_dir cannot be swept"),
                           (["train.lr=1,2", "train.lr=3,4"], "train.lr is swept twice"),

@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
-from launcher.errors import ConfigError
 from launcher.placement import topology
 from launcher.settings import compose
 from launcher.slurm.scontrol import topology_names
 from tests.support import ROOT
+from train.contract.common import ConfigError
 
 CAPTURES = ROOT / "tests" / "fixtures" / "slurm-25.11.7"
 YAML = CAPTURES / "multi_topology_yaml"

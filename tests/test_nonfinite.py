@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from train.common import NonFiniteError
-from train.spec import RunSpec
+from train.contract.common import NonFiniteError
+from train.contract.spec import RunSpec
 
 POISONED_STEP, POISONED_RANK = 2, 1  # 0-based step 2 (the third), in federation group 1
 OUTERS = {"fedavg": {}, "diloco_fp32": {"outer": "diloco"},

@@ -133,7 +133,7 @@ def test_local_refuses_ranks_that_exceed_this_machines_memory(tmp_path):
 
 
 def test_check_host_memory_counts_every_rank(monkeypatch):
-    from launcher import plan
+    from launcher import planning as plan
     from launcher.settings import compose
     from launcher.sweep import expand
 

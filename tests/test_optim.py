@@ -6,7 +6,7 @@ import torch
 
 from train import model as models
 from train import optim
-from train.config import TrainConfig
+from train.contract.config import TrainConfig
 
 
 def test_fused_adamw_follows_the_default_one_and_keeps_its_step_counters_on_the_device():

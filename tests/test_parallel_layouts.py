@@ -2,13 +2,15 @@
 a node, pipeline stages next), plan.json's fields, the ranking over pp x tp, and the memory model's shape
 (its agreement with measured peaks: tests/test_memory.py). Training with them: tests/test_model_parallel.py."""
 import json
+from dataclasses import replace
 
+from launcher.actions.plan import plan
 from launcher.placement import memory
 from launcher.placement.steptime import Shapes
-from launcher.plan import plan
 from launcher.settings import compose
 from launcher.sweep import expand
-from train.presets import PRESETS
+from train.contract.layout import Layout
+from train.contract.presets import PRESETS
 
 
 def _settings(tmp_path, *overrides):
@@ -22,9 +24,9 @@ def test_sweep_axes_give_the_layouts_on_the_same_devices(tmp_path):
     assert {"fsdp-F1-R1-S512", "fsdp-F1-R1-S256-T2", "fsdp-F1-R1-S128-P4", "fsdp-F1-R1-S64-P4-T2",
             "fl_hsdp-F16-R8-S1-A8-P4", "fl_fsdp-F64-R1-S1-A8-P4-T2"} <= set(by_id)
     assert all(r.spec.world_size == 512 and r.nodes == 128 for r in runs)
-    assert (by_id["fsdp-F1-R1-S64-P4-T2"].spec.train.tp, by_id["fsdp-F1-R1-S64-P4-T2"].spec.train.pp) == (2, 4)
+    assert (by_id["fsdp-F1-R1-S64-P4-T2"].spec.layout.T, by_id["fsdp-F1-R1-S64-P4-T2"].spec.layout.P) == (2, 4)
     excluded = expand(_settings(tmp_path, "sweep.tp=[1,2]", "+sweep.exclude=[{tp: 2}]"))
-    assert all(r.spec.train.tp == 1 for r in excluded)
+    assert all(r.spec.layout.T == 1 for r in excluded)
 
 
 def test_plan_places_tensor_groups_in_a_node_and_stages_next(tmp_path):
@@ -64,14 +66,15 @@ def test_ranking_tries_tensor_and_pipeline_degrees_and_marks_what_does_not_fit(t
 
 def test_memory_model_moves_as_the_layout_says():
     llama = PRESETS["llama3_8b"]
-    base = memory.Layout(S=8, batch=2, seq_len=2048, precision="paper")
+    base = memory.DeviceWork(Layout("fsdp", 1, 1, 8), batch=2, seq_len=2048, precision="paper")
     plain = memory.per_device(llama, base)
-    tp = memory.per_device(llama, memory.Layout(**{**base.__dict__, "T": 2}))
+    tp = memory.per_device(llama, replace(base, layout=Layout("fsdp", 1, 1, 8, T=2)))
     assert tp.state < plain.state and tp.activations < plain.activations
-    gpipe = memory.per_device(llama, memory.Layout(**{**base.__dict__, "P": 4, "microbatches": 8, "schedule": "gpipe"}))
-    one_f_one_b = memory.per_device(llama, memory.Layout(**{**base.__dict__, "P": 4, "microbatches": 8}))
+    gpipe = memory.per_device(llama, replace(base, layout=Layout("fsdp", 1, 1, 8, P=4), microbatches=8,
+                                             schedule="gpipe"))
+    one_f_one_b = memory.per_device(llama, replace(base, layout=Layout("fsdp", 1, 1, 8, P=4), microbatches=8))
     assert one_f_one_b.activations < gpipe.activations  # 1F1B holds at most pp microbatches
-    checkpointed = memory.per_device(llama, memory.Layout(**{**base.__dict__, "checkpointing": "full"}))
+    checkpointed = memory.per_device(llama, replace(base, checkpointing="full"))
     assert checkpointed.activations < plain.activations / 4  # what is left is mostly the loss over 128k logits
     # parameters + AdamW moments in bf16 over 8 shards, gradients freed before the activation peak
     assert plain.state == (Shapes.of(llama).root + 32 * Shapes.of(llama).layer) / 8 * 6

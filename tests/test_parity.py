@@ -6,8 +6,8 @@ import torch
 
 from tests.reference import Reference
 from tests.support import run_ranks
+from train.contract.spec import RunSpec
 from train.loop import Trainer
-from train.spec import RunSpec
 
 STEPS = 20
 TOL = 1e-5

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import WORDS
 from tests.support import ROOT, clean_env, wait_for
-from train.common import DataError
-from train.data import token_index
+from train.contract import token_index
+from train.contract.common import DataError
 from train.data.prepare import INDEX, prepare
 
 
@@ -146,7 +146,8 @@ def test_the_launcher_prepares_as_one_job_and_a_rerun_does_nothing(corpus, tiny_
     (blank / "a.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     empty = launch(tmp_path / "none", blank)
     assert empty.returncode == 1 and re.fullmatch(
-        rf"fedshard: error: preparation job \d+ failed: train.common.DataError: the corpus {blank} holds no text: "
+        rf"fedshard: error: preparation job \d+ failed: train.contract.common.DataError: the corpus {blank} holds "
+        r"no text: "
         r"nothing to train on; logs in \S+\n", empty.stderr), empty.stderr
 
 
@@ -237,8 +238,8 @@ def test_cli_prepares_then_refuses_an_empty_corpus_in_one_line(corpus, tiny_toke
 def test_the_launcher_relays_the_jobs_latest_progress_line(tmp_path):
     from types import SimpleNamespace
 
-    from launcher.prepare import last_progress
-    from train.runtime import submitit_compat
+    from launcher.actions.prepare import last_progress
+    from train.contract import submitit_compat
 
     job = SimpleNamespace(paths=SimpleNamespace(folder=tmp_path), job_id="7")
     assert last_progress(job) is None  # no log yet

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from tests.support import uninterrupted
-from train.common import SpecError
-from train.spec import RunSpec
+from train.contract.common import SpecError
+from train.contract.spec import RunSpec
 
 
 def test_profiled_steps_leave_one_trace_per_rank_named_in_the_result(tmp_path):

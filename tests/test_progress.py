@@ -59,6 +59,7 @@ def test_live_run_logs_rows_as_they_are_written(tmp_path, monkeypatch):
     recorder = _Recorder()
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=recorder.init))
     from launcher.report.wandb_log import LiveRun
+    from launcher.settings.sections import Wandb
 
     run_dir = tmp_path / "fsdp-F1-R1-S4"
     run_dir.mkdir()
@@ -67,7 +68,7 @@ def test_live_run_logs_rows_as_they_are_written(tmp_path, monkeypatch):
     def row(step):
         return json.dumps({"step": step, "loss": 10.0 - step, "elapsed_s": step}) + "\n"
 
-    live = LiveRun({"mode": "offline", "project": "fedshard"}, "smoke", run_dir, {"strategy": "fsdp"})
+    live = LiveRun(Wandb(enabled=True, mode="offline", project="fedshard"), "smoke", run_dir, {"strategy": "fsdp"})
     assert recorder.inits[0]["reinit"] == "create_new" and recorder.inits[0]["name"] == "fsdp-F1-R1-S4"
     assert live.feed() == 0  # nothing written yet
     metrics.write_text(row(1) + row(2) + row(3)[:10])

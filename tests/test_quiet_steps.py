@@ -1,14 +1,14 @@
 """A step that neither logs, averages, evaluates nor checkpoints waits for nothing (issue 38): on real gloo ranks
-running Trainer.train, counted per step by train.measure.dryrun's dispatch mode, it reads no device value on the host
+running Trainer.train, counted per step by train.job.dryrun's dispatch mode, it reads no device value on the host
 and issues no barrier and no collective spanning federation groups; the phases are still timed. Every process
 group has the run's timeout, not torch's per-group default."""
 import torch
 import torch.distributed as dist
 
 from tests.support import run_ranks
-from train.measure.dryrun import Watch, group_names
+from train.contract.spec import RunSpec
+from train.job.dryrun import Watch, group_names
 from train.runtime import launch_env
-from train.spec import RunSpec
 
 STEPS, TALKS = 8, {4, 8}  # log_every = A = 4: steps 4 and 8 log and average; the stop signal is agreed there
 

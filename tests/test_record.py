@@ -1,9 +1,9 @@
-"""The command that made a sweep (launcher.record): kept in its directory, and replayed by `action=report
+"""The command that made a sweep (launcher.records.record): kept in its directory, and replayed by `action=report
 results_dir=DIR` alone."""
 import pytest
 
-from launcher import record
-from launcher.errors import ConfigError
+from launcher.records import record
+from train.contract.common import ConfigError
 
 
 def test_the_first_command_stays_first_and_a_different_one_is_appended(tmp_path):

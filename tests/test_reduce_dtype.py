@@ -1,11 +1,11 @@
 """train.reduce_dtype is what FSDP reduces gradients in on every backend (issue 38, item 4): on real gloo ranks
 under precision=paper (bf16 parameters), the shard group's reduce-scatters carry 4 bytes per gradient value with
-fp32 and 2 with bf16, counted by train.measure.dryrun's dispatch mode, and result.json records the choice."""
+fp32 and 2 with bf16, counted by train.job.dryrun's dispatch mode, and result.json records the choice."""
 import torch
 
 from tests.support import run_ranks
-from train.measure.dryrun import Watch, group_names
-from train.spec import RunSpec
+from train.contract.spec import RunSpec
+from train.job.dryrun import Watch, group_names
 
 
 def _train_rank(rank: int, world: int, raw: dict) -> dict:

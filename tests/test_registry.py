@@ -2,7 +2,7 @@
 import json
 from types import SimpleNamespace
 
-from launcher.registry import Registry, before, load
+from launcher.records.registry import Registry, before, load
 
 
 def entry(run_id, step):

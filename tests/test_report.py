@@ -8,13 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.errors import StateError
 from launcher.report.paper import LLAMA3_8B_PARAMS, reproduces_paper
 from launcher.report.plots import plots
 from launcher.report.results import group_repeats, load_results
 from launcher.report.tables import Table, table3, table4
 from launcher.report.write import LOCAL_NOTE, write_report
-from train.result import RunResult, Stats
+from train.contract.common import StateError
+from train.contract.result import RunResult, Stats
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -14,8 +14,8 @@ import pytest
 
 from launcher.scheduler import RanksExecutor
 from tests.support import children, clean_env, losses, steps_logged, uninterrupted_like, wait_for
+from train.contract.result import RunResult
 from train.job import TrainJob
-from train.result import RunResult
 
 STEPS = 80
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from tests.support import ROOT, make_result
-from train.result import PHASES, RankRecord, ResultError, RunResult, Stats, schema_markdown
+from train.contract.result import PHASES, RankRecord, ResultError, RunResult, Stats, schema_markdown
 
 
 def test_round_trip_through_json(tmp_path):
@@ -50,8 +50,9 @@ def test_pooled_stats_equal_stats_of_the_union():
 
 def test_schema_document_is_current():
     doc = (ROOT / "docs" / "result-schema.md").read_text()
-    assert doc == schema_markdown(), "regenerate: python -m train.result > docs/result-schema.md"
-    out = subprocess.run([sys.executable, "-m", "train.result"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert doc == schema_markdown(), "regenerate: python -m train.contract.result > docs/result-schema.md"
+    out = subprocess.run([sys.executable, "-m", "train.contract.result"], cwd=ROOT, capture_output=True, text=True,
+                         check=True)
     assert out.stdout == doc
     for name in RunResult.__dataclass_fields__:
         assert f"| `{name}` |" in doc
@@ -59,7 +60,7 @@ def test_schema_document_is_current():
 
 def test_identity_counts_a_missing_train_key_as_its_default():
     """A spec.json written before train.eval_every existed is the same experiment as one leaving it at 0."""
-    from train.spec import RunSpec, identity_changes
+    from train.contract.spec import RunSpec, identity_changes
 
     spec = RunSpec.from_dict({"strategy": "fsdp", "F": 1, "R": 1, "S": 2, "out_dir": "/tmp/x"}).to_dict()
     older = {**spec, "train": {k: v for k, v in spec["train"].items() if k not in ("eval_every", "target_ppl")}}

@@ -1,13 +1,13 @@
-"""train/ in rooms by concern (issue 40): its top level holds only the entrypoint, the launcher's contract and the
-one common module; every other module lives in a room, so a newcomer finds a concept by its folder."""
+"""train/ in rooms by concern (issues 40, 53): its top level holds only the entrypoint, the loop and the model it
+trains; the launcher's contract, the jobs and every other module live in a room, so a newcomer finds a concept by
+its folder."""
 from tests.support import ROOT
 
-TOP = {"__init__", "__main__", "common", "config", "job", "loop", "model", "optim", "presets", "result", "sections",
-       "spec"}
-ROOMS = {"parallel", "federation", "data", "runtime", "measure"}
+TOP = {"__init__", "__main__", "loop", "model", "optim"}
+ROOMS = {"contract", "parallel", "federation", "data", "runtime", "measure", "job"}
 
 
-def test_train_top_level_holds_only_the_entrypoint_the_contract_and_common():
+def test_train_top_level_holds_only_the_entrypoint_the_loop_and_the_model():
     train = ROOT / "train"
     assert {p.stem for p in train.glob("*.py")} == TOP
     assert {p.name for p in train.iterdir() if p.is_dir() and p.name != "__pycache__"} == ROOMS
@@ -17,12 +17,13 @@ def test_train_top_level_holds_only_the_entrypoint_the_contract_and_common():
 
 
 def test_shared_helpers_have_one_home():
-    """Atomic writes and the user-facing errors are defined once, in train/common.py, and imported from there."""
+    """Atomic writes and the user-facing errors are defined once, in train/contract/common.py, and imported from
+    there."""
     defined = {}
     for path in [*(ROOT / "train").rglob("*.py"), *(ROOT / "launcher").rglob("*.py")]:
         for line in path.read_text().splitlines():
             for name in ("def write_atomic(", "def atomic(", "class FedshardError("):
                 if line.startswith(name):
                     defined.setdefault(name, []).append(path.relative_to(ROOT).as_posix())
-    assert defined == {name: ["train/common.py"] for name in ("def write_atomic(", "def atomic(",
+    assert defined == {name: ["train/contract/common.py"] for name in ("def write_atomic(", "def atomic(",
                                                               "class FedshardError(")}

@@ -11,8 +11,8 @@ import functools
 import pytest
 
 from tests.support import run_ranks
+from train.contract.spec import RunSpec
 from train.loop import Trainer
-from train.spec import RunSpec
 
 STEPS, WORLD, TOL = 4, 8, 1e-5
 # (F, R, S) at tp = pp = 1 on 8 ranks; a model-parallel layout halves R x S (S first) once per axis of 2

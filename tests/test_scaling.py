@@ -7,12 +7,12 @@ import sys
 
 import pytest
 
-from launcher.errors import ConfigError
 from launcher.report.scaling import scaling_plot, scaling_table
 from launcher.settings import compose
 from launcher.sweep import expand
 from tests.support import ROOT, clean_env, make_result
-from train.result import RunResult
+from train.contract.common import ConfigError
+from train.contract.result import RunResult
 
 
 def _batches(*overrides):

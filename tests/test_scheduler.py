@@ -25,12 +25,13 @@ def test_no_module_but_the_scheduler_and_the_config_asks_for_the_executor():
 
 
 def test_every_action_is_a_function_of_the_experiment_and_expands_the_sweep_once(tmp_path, monkeypatch):
-    from launcher import experiment, plan, sweep
+    from launcher import actions, experiment, sweep
+    from launcher.actions import plan
     from launcher.settings import ACTIONS
 
-    assert set(experiment.TABLE) == set(ACTIONS)
+    assert set(actions.TABLE) == set(ACTIONS)
     calls = []
     for module in (experiment, plan):  # plan expands the sweep itself only when it is not given the runs
         monkeypatch.setattr(module, "expand", lambda settings: calls.append(1) or sweep.expand(settings))
     e = experiment.Experiment(compose(["action=plan", f"results_dir={tmp_path}"]))
-    assert experiment.act(e) == 0 and e.runs is e.runs and calls == [1]
+    assert actions.act(e) == 0 and e.runs is e.runs and calls == [1]

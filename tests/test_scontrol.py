@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import ConfigError, SlurmError
 from launcher.slurm.parse import (
     Block,
     ParseError,
@@ -17,6 +16,7 @@ from launcher.slurm.parse import (
     parse_topology_tree,
 )
 from launcher.slurm.scontrol import job_nodes, job_states, lost_nodes, nodes_text, run_scontrol, topology_text
+from train.contract.common import ConfigError, SlurmError
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 SLURM = FIXTURES / "slurm-22.05.8"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import ConfigError
-from launcher.secrets import redact
 from launcher.settings import check_name
+from launcher.settings.secrets import redact
 from tests.support import clean_env
+from train.contract.common import ConfigError
 
 HOSTILE = "x; touch INJECTED $(touch INJECTED) `touch INJECTED` 'q' && touch INJECTED | tee INJECTED"
 

@@ -1,24 +1,25 @@
 """The step-time model: hand-computed steps, its limits (A -> infinity, F = 1), contention, and probe input."""
 import pytest
 
-from launcher.errors import ConfigError
 from launcher.placement import topology
 from launcher.placement.allocate import assess, place
 from launcher.placement.costmodel import Model, llama_params
 from launcher.placement.levels import traffic
 from launcher.placement.steptime import (
+    Activations,
     Compute,
     Links,
-    ModelParallel,
     Network,
     Shapes,
     load,
     step_time,
     sync_seconds,
 )
-from train.parallel.strategy import Layout
-from train.presets import PRESETS
-from train.spec import FEDAVG_CHUNK_BYTES
+from tests.support import grid
+from train.contract.common import ConfigError
+from train.contract.layout import Layout
+from train.contract.presets import PRESETS
+from train.contract.spec import FEDAVG_CHUNK_BYTES
 
 SHAPES = Shapes(root=100, layer=10, layers=2)  # units: embedding 50, lm_head 50, two layers of 10 parameters
 FP32 = Model(params=120, layers=2, bytes_per_param=4)
@@ -63,15 +64,14 @@ def test_latency_is_paid_per_collective():
     assert alpha.comm_s["shard"] - no_alpha.comm_s["shard"] == pytest.approx(0.5 * (7 + 4))  # 7 gathers, 4 reduces
 
 
-def test_infinite_A_and_F_1_reduce_to_fsdp_and_hsdp():
+def test_infinite_A_reduces_to_fsdp_and_hsdp():
+    """As A grows the FL strategies' step tends to their group's: HSDP's, FSDP's (F = 1 is no layout of theirs)."""
     hsdp_loads = {"shard": {-1: 1}, "replicate": {0: 1}, "federation": {}}
     hsdp = _step("hsdp", 1, 2, 2, None, hsdp_loads)
-    assert _step("fl_hsdp", 1, 2, 2, 8, hsdp_loads).step_s == hsdp.step_s
     far = _step("fl_hsdp", 2, 2, 2, 10**12, {**hsdp_loads, "federation": {1: 1}})
     assert far.step_s == pytest.approx(hsdp.step_s) and far.comm_s["federation"] > 0
     fsdp_loads = {"shard": LEAF, "replicate": {}, "federation": {}}
     fsdp = _step("fsdp", 1, 1, 4, None, fsdp_loads)
-    assert _step("fl_fsdp", 1, 1, 4, 8, fsdp_loads).step_s == fsdp.step_s
     assert _step("fl_fsdp", 2, 1, 4, 10**12, {**fsdp_loads, "federation": {1: 1}}).step_s == pytest.approx(fsdp.step_s)
 
 
@@ -149,19 +149,19 @@ def test_traffic_counts_groups_per_link():
 
 def test_slurm_rank_order_prices_the_fsdp_ring_over_the_trunk_twice():
     topo = _tree()
-    interleaved = assess(1, 1, 8, [h for h in ("a1", "b1", "a2", "b2") for _ in range(2)], topo)
-    grouped = assess(1, 1, 8, [h for h in ("a1", "a2", "b1", "b2") for _ in range(2)], topo)
-    assert load(interleaved, 1, 1, 8, topo)["shard"] == {0: 1, 1: 2}
-    assert load(grouped, 1, 1, 8, topo)["shard"] == {0: 1, 1: 1}
+    interleaved = assess(grid(1, 1, 8), [h for h in ("a1", "b1", "a2", "b2") for _ in range(2)], topo)
+    grouped = assess(grid(1, 1, 8), [h for h in ("a1", "a2", "b1", "b2") for _ in range(2)], topo)
+    assert load(interleaved, grid(1, 1, 8), topo)["shard"] == {0: 1, 1: 2}
+    assert load(grouped, grid(1, 1, 8), topo)["shard"] == {0: 1, 1: 1}
 
 
 def test_load_of_placed_layouts():
     topo = _tree()
-    fl = place(4, 1, 2, 2, topo)
-    assert load(fl, 4, 1, 2, topo) == {"shard": {-1: 1}, "replicate": {}, "federation": {0: 2, 1: 2},
+    fl = place(grid(4, 1, 2), 2, topo)
+    assert load(fl, grid(4, 1, 2), topo) == {"shard": {-1: 1}, "replicate": {}, "federation": {0: 2, 1: 2},
                                        "pipeline": {}, "tensor": {}}
-    fsdp = place(1, 1, 8, 2, topo)
-    assert load(fsdp, 1, 1, 8, topo) == {"shard": {0: 1, 1: 1}, "replicate": {}, "federation": {}, "pipeline": {},
+    fsdp = place(grid(1, 1, 8), 2, topo)
+    assert load(fsdp, grid(1, 1, 8), topo) == {"shard": {0: 1, 1: 1}, "replicate": {}, "federation": {}, "pipeline": {},
                                          "tensor": {}}
 
 
@@ -175,8 +175,8 @@ def test_latency_per_ring_step_grows_with_the_communicator():
 def test_world_barriers_are_priced_per_step_and_never_hidden():
     """A federated run's non-finite check once per FedAvg, at the probe's barrier (phase timing has none);
     overlap (GPU) hides shard traffic behind compute but not it."""
-    assert sync_seconds(0.01, 1, None) == 0
-    assert sync_seconds(0.01, 4, 8) == pytest.approx(0.01 / 8)
+    assert sync_seconds(0.01, Layout("fsdp", 1, 1, 4)) == 0
+    assert sync_seconds(0.01, Layout("fl_fsdp", 4, 1, 1, 8)) == pytest.approx(0.01 / 8)
     loads = {"shard": LEAF, "replicate": {}, "federation": {}}
     for overlap in (False, True):
         plain = _step("fsdp", 1, 1, 4, None, loads, overlap=overlap)
@@ -189,10 +189,10 @@ def test_tensor_parallel_step_by_hand():
     # Per layer 7 all_reduces of a microbatch's activations (8 tokens x 2 hidden x 4 B = 64 B): 2 in forward, one
     # per column-wise matrix's input gradient in backward; one more for lm_head's input gradient, and the logits
     # gathered (8 x 5 x 4 = 160 B), inside a node (1e3 B/s).
-    mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5)
-    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
+    acts, layout = Activations(microbatches=1, tokens=8, hidden=2, vocab=5), Layout("fsdp", 1, 1, 4, P=1, T=2)
+    t = step_time(layout, SHAPES, FP32, Links(NOMINAL, {
         "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {-1: 1}, "pipeline": {}}),
-                  COMPUTE, overlap=False, mp=mp)
+                  COMPUTE, overlap=False, acts=acts)
     assert t.comm_s["tensor"] == pytest.approx(15 * 64 * 1.0 / 1e3 + 160 * 0.5 / 1e3)
     assert t.comm_s["shard"] == pytest.approx(((2 * 50 + 25 + 2 * 2 * 5) * 4 + (75 + 2 * 5) * 4) * 0.75 / 100)
     assert t.compute_s == pytest.approx(3.0 / 2 + 4.0 / (4 * 2))  # forward+backward / tp, optimizer / (S x tp)
@@ -202,10 +202,11 @@ def test_sequence_parallel_tensor_step_by_hand():
     # The same tp = 2 layout with sequence parallelism: per layer 4 all_gathers and 2 reduce_scatters of the
     # 64 B activations (each half an all_reduce's ring bytes: 64 x 0.5 / 1e3) and the 5 backward all_reduces,
     # the stage's 2 more all_gathers, lm_head's all_reduce and its logits' gather as before.
-    mp = ModelParallel(P=1, T=2, microbatches=1, tokens=8, hidden=2, vocab=5, sequence_parallel=True)
-    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
+    acts = Activations(microbatches=1, tokens=8, hidden=2, vocab=5, sequence_parallel=True)
+    layout = Layout("fsdp", 1, 1, 4, P=1, T=2)
+    t = step_time(layout, SHAPES, FP32, Links(NOMINAL, {
         "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {-1: 1}, "pipeline": {}}),
-                  COMPUTE, overlap=False, mp=mp)
+                  COMPUTE, overlap=False, acts=acts)
     per_layer = 6 * 64 * 0.5 / 1e3 + 5 * 64 / 1e3
     assert t.comm_s["tensor"] == pytest.approx(2 * per_layer + 2 * 64 * 0.5 / 1e3 + 64 / 1e3 + 160 * 0.5 / 1e3)
 
@@ -214,10 +215,10 @@ def test_pipeline_step_by_hand():
     # pp = 2 with 2 microbatches: 3 slots, each sending a microbatch's activations (4 x 2 x 4 = 32 B) forward
     # and their gradient back across a leaf (100 B/s); compute halved, then stretched by the bubble (2+2-1)/2.
     # No unit reshards after forward under pp: the layer and the embedding are gathered once a step.
-    mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
-    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, {
+    acts, layout = Activations(microbatches=2, tokens=8, hidden=2, vocab=5), Layout("fsdp", 1, 1, 4, P=2, T=1)
+    t = step_time(layout, SHAPES, FP32, Links(NOMINAL, {
         "shard": LEAF, "replicate": {}, "federation": {}, "tensor": {}, "pipeline": {0: 1}}),
-                  COMPUTE, overlap=True, mp=mp)
+                  COMPUTE, overlap=True, acts=acts)
     assert t.comm_s["pipeline"] == pytest.approx(2 * 3 * 32 / 100)
     # one layer and the embedding per rank
     assert t.comm_s["shard"] == pytest.approx(((50 + 10) * 4 + (50 + 10) * 4) * 0.75 / 100)
@@ -230,11 +231,11 @@ def test_a_stage_step_measured_in_place_replaces_the_priced_parts():
     # The same pp = 2 layout with its stage step measured (train.measure.calibrate_layout): forward + backward as
     # measured, already split, with the bubble and the pipeline's sends in it; the optimizer on the rank's 1/S; FSDP's
     # traffic on the shrunken units priced as before.
-    mp = ModelParallel(P=2, T=1, microbatches=2, tokens=8, hidden=2, vocab=5)
+    acts, layout = Activations(microbatches=2, tokens=8, hidden=2, vocab=5), Layout("fsdp", 1, 1, 4, P=2, T=1)
     stage = Compute(forward_s=0.75, backward_s=0.0, optimizer_s=2.0, source="in place", in_place=True)
     loads = {"shard": LEAF, "replicate": {}, "federation": {}, "tensor": {}, "pipeline": {0: 1}}
-    t = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, loads), stage, overlap=False, mp=mp)
-    priced = step_time(Layout("fsdp", 1, 1, 4), SHAPES, FP32, Links(NOMINAL, loads), COMPUTE, overlap=False, mp=mp)
+    t = step_time(layout, SHAPES, FP32, Links(NOMINAL, loads), stage, overlap=False, acts=acts)
+    priced = step_time(layout, SHAPES, FP32, Links(NOMINAL, loads), COMPUTE, overlap=False, acts=acts)
     assert "pipeline" not in t.comm_s and t.comm_s["shard"] == priced.comm_s["shard"]
     assert t.compute_s == pytest.approx(0.75 + 2.0 / 4) and t.compute_source == "in place"
     assert t.no_overlap_s == pytest.approx(0.75 + 2.0 / 4 + t.comm_s["shard"])

@@ -1,4 +1,4 @@
-"""The strategy table (train/parallel/strategy.py): each row's rules reproduce the paper's layouts, and the launcher
+"""The strategy table (train/contract/layout.py): each row's rules reproduce the paper's layouts, and the launcher
 reads a strategy only through its row, so a row added to the table is swept, planned, ranked and labelled with no other
 change."""
 import json
@@ -9,8 +9,8 @@ from launcher.placement import ranking
 from launcher.report import paper
 from launcher.settings import compose
 from launcher.sweep import expand
-from train.parallel.strategy import STRATEGIES, Layout, Strategy
-from train.spec import RunSpec
+from train.contract.layout import STRATEGIES, Layout, Strategy
+from train.contract.spec import RunSpec
 
 
 def test_the_paper_layouts_on_128_nodes_of_4_gpus():
@@ -40,7 +40,7 @@ def test_a_row_added_to_the_table_is_swept_specified_ranked_and_labelled(monkeyp
                            "sweep.nodes=[all]", f"results_dir={tmp_path}"]))
     assert [r.run_id for r in runs] == ["fsdp-F1-R1-S8", "diloco_hsdp-F2-R2-S2-A4"]
     spec = runs[1].spec
-    assert spec.federated and RunSpec.from_dict(spec.to_dict()).strategy == "diloco_hsdp"
+    assert spec.federated and RunSpec.from_dict(spec.to_dict()).layout.strategy == "diloco_hsdp"
     assert Layout("diloco_hsdp", 2, 2, 2, 8) in ranking.candidates(4, 2, As=(8,))
 
 
@@ -71,11 +71,11 @@ def test_a_fifth_row_is_planned_run_and_reported_with_no_other_change(monkeypatc
     planned = {r["run_id"]: r for r in plan["runs"]}
     assert set(planned) == {"fl_hsdp-F2-R2-S2-A2", "diloco_hsdp-F2-R2-S2-A2"}
     assert planned["diloco_hsdp-F2-R2-S2-A2"]["predicted_step_s"] > 0
-    runs, results = {run.spec.strategy: run for run in expand(compose(sweep))}, {}
+    runs, results = {run.spec.layout.strategy: run for run in expand(compose(sweep))}, {}
     for run in runs.values():
         raw = run.spec.to_dict()
         results[run.run_id] = run_ranks(_rank_with_row, run.spec.world_size, fields, raw)[0]
-        assert raw["train"]["outer"] == ("diloco" if run.spec.strategy == "diloco_hsdp" else "fedavg")
+        assert raw["train"]["outer"] == ("diloco" if run.spec.layout.strategy == "diloco_hsdp" else "fedavg")
     as_diloco = {**runs["fl_hsdp"].spec.to_dict(), "out_dir": str(tmp_path / "fl_hsdp_diloco")}
     as_diloco["train"]["outer"] = "diloco"
     reference = uninterrupted(as_diloco)

@@ -1,4 +1,4 @@
-"""One test per private submitit name that train/runtime/submitit_compat.py relies on, against the installed submitit:
+"""One test per private submitit name that train/contract/submitit_compat.py relies on, against the installed submitit:
 if an upgrade renames or changes one, this fails here rather than in a job (pyproject.toml bounds the version)."""
 import importlib
 import signal
@@ -11,12 +11,12 @@ import pytest
 import submitit
 
 from tests.support import wait_for
-from train.runtime import submitit_compat
+from train.contract import submitit_compat
 
 
 def test_preemption_signal_is_usr2_unless_submitit_is_told_otherwise():
     assert submitit_compat.preemption_signal() == signal.SIGUSR2
-    code = "from train.runtime import submitit_compat; print(int(submitit_compat.preemption_signal()))"
+    code = "from train.contract import submitit_compat; print(int(submitit_compat.preemption_signal()))"
     out = subprocess.run([sys.executable, "-c", code], env={"SUBMITIT_PREEMPT_SIGNAL": "USR1", "PATH": ""},
                          capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
     assert out.stdout.strip() == str(int(signal.SIGUSR1)), out.stderr
@@ -69,7 +69,7 @@ def test_a_local_job_is_recognised_by_its_controllers_command_line(tmp_path):
     assert job.result() is None
     assert submitit_compat.task_outcome(job.paths.folder, job.job_id, 0) == ("success", None)
     assert submitit_compat.task_outcome(job.paths.folder, "4242", 0) is None
-    # launcher.slurm.submit.ReattachedLocalJob builds a LocalJob from these three arguments
+    # launcher.submit.ReattachedLocalJob builds a LocalJob from these three arguments
     assert submitit.LocalJob(folder=tmp_path, job_id=job.job_id, tasks=[0]).job_id == job.job_id
 
 

@@ -6,14 +6,14 @@ from datetime import datetime
 
 import pytest
 
-from launcher.errors import ConfigError
+from launcher.records.target import ReferenceTarget, judged, resolution_note
 from launcher.report.results import load_results
 from launcher.settings import compose
 from launcher.sweep import expand
-from launcher.target import ReferenceTarget, judged, resolution_note
 from tests.support import clean_env, make_result
-from train.result import RunResult
-from train.spec import RunSpec
+from train.contract.common import ConfigError
+from train.contract.result import RunResult
+from train.contract.spec import RunSpec
 
 
 def _runs(*overrides):
@@ -41,7 +41,7 @@ def test_declared_target_is_the_worst_reference_and_enters_only_the_others_specs
     assert target.declared is None and len(target.reference) == 2 and len(target.others) == 2
     reference = [make_result(run_id=r.run_id, eval_ppl=ppl) for r, ppl in zip(target.reference, (40.0, 45.0))]
     assert target.declare(reference) == 45.0
-    assert [r.spec.train.target_ppl for r in runs] == [None if r.spec.strategy == "fsdp" else 45.0 for r in runs]
+    assert [r.spec.train.target_ppl for r in runs] == [None if r.spec.layout.strategy == "fsdp" else 45.0 for r in runs]
     again = ReferenceTarget(tmp_path, expand(settings), settings.train)  # a rerun reads it back, unchanged
     assert again.declared == 45.0 and all(r.spec.train.target_ppl == 45.0 for r in again.others)
     with pytest.raises(Exception, match="did not finish"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT, losses, uninterrupted_like, wait_for
-from train.result import RunResult
+from train.contract.result import RunResult
 
 TESTBED = [sys.executable, str(ROOT / "slurm" / "testbed" / "testbed.py")]
 LAB = str(ROOT / "slurm" / "testbed" / "lab")

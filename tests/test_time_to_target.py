@@ -6,9 +6,9 @@ import sys
 import pytest
 
 from tests.support import clean_env
-from train.common import SpecError
-from train.result import RunResult
-from train.spec import RunSpec
+from train.contract.common import SpecError
+from train.contract.result import RunResult
+from train.contract.spec import RunSpec
 
 
 def _train(tmp_path, name, **train):

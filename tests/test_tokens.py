@@ -9,9 +9,9 @@ import torch
 
 from tests.conftest import WORDS
 from tests.support import run_ranks
+from train.contract.sections import TokensData
 from train.data.prepare import prepare
 from train.data.tokens import TokensSource
-from train.sections import TokensData
 
 SEQ, BATCH, RANKS = 16, 2, 4
 
@@ -61,8 +61,8 @@ def _train_with_a_resume(rank, world, spec_dict, stop_at):
     (epoch, block) this rank trained on, and rank 0's result."""
     from pathlib import Path
 
+    from train.contract.spec import RunSpec
     from train.loop import Trainer
-    from train.spec import RunSpec
 
     spec = RunSpec.from_dict(spec_dict)
     seen = []

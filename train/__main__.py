@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import sys
 
-from train.common import FedshardError
-from train.job import TrainJob, leave_without_finalization
+from train.contract.common import FedshardError
+from train.job import TrainJob
+from train.runtime.ending import leave_without_finalization
 
 USAGE = """usage: python -m train SPEC.json
 
-Train one run spec (JSON, written by the launcher as <run dir>/spec.json; keys: train/spec.py).
+Train one run spec (JSON, written by the launcher as <run dir>/spec.json; keys: train/contract/spec.py).
 Rank and world size come from torchrun, srun or submitit; with none of them, one rank.
 A rerun resumes from the newest checkpoint in the spec's out_dir (a spec that differs from the
 checkpoint's in any key the result depends on is refused). Writes <out_dir>/result.json

@@ -1,4 +1,7 @@
-"""The training run: build mesh, model, optimizer and data from a spec; train; evaluate; summarise."""
+"""The training run: build mesh, model, optimizer and data from a spec; train; evaluate; summarise.
+
+Long: one Trainer, whose step, loop, evaluation and summary share its state (clock, log, checkpointer, outer
+step); each piece split off would take the whole Trainer."""
 from __future__ import annotations
 
 import math
@@ -14,7 +17,9 @@ import torch.distributed as dist
 
 from train import model as models
 from train import optim
-from train.common import SpecError
+from train.contract.common import SpecError
+from train.contract.result import RankRecord, RunResult, target_crossing
+from train.contract.spec import RunSpec
 from train.data import sources as data
 from train.federation.federated import FedAvg
 from train.federation.outer import DiLoCo, OuterStep
@@ -23,12 +28,10 @@ from train.measure.compile_time import CompileClock
 from train.parallel import float8 as fp8
 from train.parallel import mesh as meshes
 from train.parallel import parallelize, pipeline
-from train.result import RankRecord, RunResult, target_crossing
 from train.runtime import checkpoint, launch_env
 from train.runtime.nonfinite import Guard
 from train.runtime.preemption import StopRequest
 from train.runtime.watchdog import Watchdog
-from train.spec import RunSpec
 
 FULL_INIT_LIMIT = 1_000_000_000  # above this many parameters, "auto" init builds on meta and initialises per shard
 
@@ -40,22 +43,23 @@ class Trainer:
                  watchdog_tag: str | None = None, mesh=None):
         """Build this rank's part of the run; nothing is loaded or checked across ranks until `restore()`.
         Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed; `mesh`:
-        one built already (train.measure.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
+        one built already (train.job.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.llama_config(spec.model)
         self.source = source or data.for_run(spec, self.config.vocab_size)
-        self.world, self.dims = spec.world_size, spec.dims
-        self.data_rank, self.data_world = self.dims.data_rank(rank), self.dims.dp_world  # whose batches, of how many
+        self.world, self.layout = spec.world_size, spec.layout
+        # whose batches, of how many
+        self.data_rank, self.data_world = self.layout.data_rank(rank), self.layout.dp_world
         self.rows, self.global_batch = data.rank_rows(spec, self.data_rank), data.global_batch(spec)
-        self.mesh = mesh if mesh is not None else meshes.build(device, self.dims)
-        self.coord = self.dims.coords(rank)  # (f, r, s, p, t)
+        self.mesh = mesh if mesh is not None else meshes.build(device, self.layout)
+        self.coord = self.layout.coords(rank)  # (f, r, s, p, t)
         whole = models.build(self.config, "meta")  # the whole model, every stage
         self.params = models.count_params(whole)
         self.model = self._build_model()
         self.pipeline = None  # train.pp > 1: this rank's stage under its schedule
-        if self.dims.P > 1:
+        if self.layout.P > 1:
             c = self.cfg
-            self.pipeline = pipeline.Pipeline(self.model, self.mesh, c.n_microbatches, c.pp_schedule, device,
+            self.pipeline = pipeline.Pipeline(self.model, self.mesh, spec.microbatches, c.pp_schedule, device,
                                               c.batch_per_rank, c.seq_len, c.precision)
         self.optimizer = optim.adamw(self.model.parameters(), self.cfg, fused=device == "cuda")
         self.schedule = optim.schedule(self.optimizer, self.cfg)
@@ -66,18 +70,18 @@ class Trainer:
             shared = {"average_optimizer_state": self.cfg.average_optimizer_state}
             c = self.cfg
             if c.outer == "fedavg" and c.aggregation_dtype == "fp32" and not c.streamed:
-                self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.A, **shared)
+                self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.layout.A, **shared)
             else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
                 outer = OuterStep(lr, momentum, c.outer_offload, c.aggregation_dtype, c.outer_fragments, c.outer_delay)
-                self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.A, outer,
+                self.fedavg = DiLoCo(self.model, self.optimizer, self.mesh, spec.layout.A, outer,
                                      [(name, p.numel()) for name, p in whole.named_parameters()], **shared)
         # exposed communication: the time each step waits for collectives (None where it cannot be measured)
-        self.blocked = exposed.Blocked(device) if exposed.why_not(device, self.cfg.tp) is None else None
-        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.dims, device, self.mesh)
+        self.blocked = exposed.Blocked(device) if exposed.why_not(device, self.layout.T) is None else None
+        self.guard = Guard(self.model, self.cfg.on_nonfinite, rank, self.layout, device, self.mesh)
         is_writer = out_dir is not None and rank == 0
         # every last pipeline stage holds its pipeline's loss; the other stages log 0 and are not counted
-        self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world // self.dims.P,
+        self.log = metrics.StepLog(out_dir / "metrics.jsonl" if is_writer else None, self.world // self.layout.P,
                                    device)
         self.out_dir = out_dir
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
@@ -107,13 +111,13 @@ class Trainer:
             self.fedavg.check_alignment(contents=True)
 
     def _build_model(self) -> torch.nn.Module:
-        dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.strategy)
+        dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.layout.strategy)
         init = self.cfg.init
         if init == "auto":
             init = "full" if self.params <= FULL_INIT_LIMIT else "meta"
         c = self.cfg
         if c.float8:
-            refused = fp8.why_not(self.device, c.tp)
+            refused = fp8.why_not(self.device, self.layout.T)
             if refused:
                 raise SpecError(refused)
         if init == "full":
@@ -320,7 +324,7 @@ class Trainer:
         dist.all_gather_object(readings, (joules, energy_source))
         if self.rank != 0:
             return None
-        not_measured = exposed.why_not(self.device, self.cfg.tp)
+        not_measured = exposed.why_not(self.device, self.layout.T)
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD[self.device],
                       **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
@@ -359,9 +363,11 @@ class Trainer:
         train_loss = self.log.final_loss(min(cfg.log_every, cfg.steps))
         history = [[e["step"], e["train_time_s"], e["eval_ppl"]] for e in self.log.evals]
         reached = target_crossing(history, cfg.target_ppl)
+        L = spec.layout
         return RunResult(
-            run_id=spec.run_id, strategy=spec.strategy, F=spec.F, R=spec.R, S=spec.S, A=spec.A,
-            world_size=self.world, tp=cfg.tp, pp=cfg.pp, microbatches=cfg.n_microbatches if cfg.pp > 1 else None,
+            run_id=spec.run_id, config=spec.config, repeat=spec.repeat, rank_order=spec.rank_order,
+            strategy=L.strategy, F=L.F, R=L.R, S=L.S, A=L.A,
+            world_size=self.world, tp=L.T, pp=L.P, microbatches=spec.microbatches if L.P > 1 else None,
             steps=cfg.steps, seq_len=cfg.seq_len, batch_per_rank=cfg.batch_per_rank,
             tokens=tokens, train_time_s=train_time, tokens_per_s=tokens_per_s,
             tokens_per_s_per_device=tokens_per_s / self.world, train_ppl=math.exp(min(700.0, train_loss)),
@@ -386,8 +392,8 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     source = data.for_run(spec, config.vocab_size)
     env = launch_env.detect(environ)
     if env.world_size != spec.world_size:
-        names, sizes = ("F*R*S", spec.dims.shape[:3]) if spec.world_size == spec.dims.dp_world else \
-            ("F*R*S*pp*tp", spec.dims.shape)
+        names, sizes = ("F*R*S", spec.layout.shape[:3]) if spec.world_size == spec.layout.dp_world else \
+            ("F*R*S*pp*tp", spec.layout.shape)
         raise SpecError(f"{names} = {'*'.join(map(str, sizes))} = {spec.world_size} but the launcher started "
                         f"{env.world_size} rank(s) ({env.launcher})")
     out_dir = Path(spec.out_dir)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from train import presets
-from train.common import SpecError
-from train.sections import ModelSection, reject_unknown
+from train.contract import presets
+from train.contract.common import SpecError
+from train.contract.sections import ModelSection, reject_unknown
 
 
 def llama_config(model: ModelSection | dict) -> LlamaConfig:

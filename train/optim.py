@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from train.config import TrainConfig
+from train.contract.config import TrainConfig
 
 
 def adamw(params, cfg: TrainConfig, fused: bool = False) -> torch.optim.AdamW:

@@ -1,4 +1,5 @@
-"""Placement: the topology tree, allocation of F x R x S onto it, the cost model, ranking of layouts."""
+"""Placement: the topology tree, allocation of a Layout onto it (and in the job, by topology), the cost and
+step-time models, the memory model, ranking of layouts."""
 
 import gc
 from contextlib import contextmanager

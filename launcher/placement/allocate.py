@@ -1,7 +1,7 @@
 """Rank placement honouring B_T >= B_P >= B_S > B_R > B_F: tensor-parallel groups inside a node, pipeline stages
 next, shard groups inside a node where they fit, federation groups under the lowest switch.
 
-The ranks of one federation group are contiguous (row-major (f, r, s, p, t), train.parallel.dims), so placing a
+The ranks of one federation group are contiguous (row-major (f, r, s, p, t), train.contract.layout), so placing a
 group means choosing its nodes; rank k then runs on the (k // G)-th chosen node. Groups
 are packed bottom-up: as many as possible under single leaves, then under single level-1
 switches, and so on — which maximises, level by level, how many groups stay low. Among
@@ -14,10 +14,10 @@ import functools
 import re
 from dataclasses import dataclass, field
 
-from launcher.errors import ConfigError
 from launcher.placement import gc_paused
 from launcher.placement.topology import Topology
-from train.parallel.dims import Dims
+from train.contract.common import ConfigError
+from train.contract.layout import Layout
 
 
 class NoPlacement(ConfigError):
@@ -40,9 +40,11 @@ class Placement:
         return "".join(h + "\n" for h in self.hosts)
 
 
-def units(F: int, R: int, S: int, G: int) -> tuple[int, int]:
-    """(nodes per packing unit, number of units): a unit is one federation group, or one node of several groups."""
-    group = R * S
+def units(layout: Layout, G: int) -> tuple[int, int]:
+    """(nodes per packing unit, number of units): a unit is one federation group, or one node of several groups. A
+    shard's P x T model-parallel ranks are consecutive, so they pack like S x P x T shards."""
+    F, S = layout.F, layout.S * layout.P * layout.T
+    group = layout.R * S
     if S % G and G % S:
         raise ConfigError(f"S={S} shards neither fill whole nodes of {G} GPUs nor divide one")
     if group % G == 0:
@@ -54,24 +56,22 @@ def units(F: int, R: int, S: int, G: int) -> tuple[int, int]:
 
 
 @gc_paused()
-def place(F: int, R: int, S: int, G: int, topo: Topology, usable: list[str] | None = None, P: int = 1,
-          T: int = 1) -> Placement:
-    """Each rank's node. A shard's P x T model-parallel ranks are consecutive, so they pack like S*P*T shards;
-    a tensor-parallel group that does not fit one node's G GPUs is refused."""
-    check_model_parallel(T, G)
-    k, n_units = units(F, R, S * P * T, G)
+def place(layout: Layout, G: int, topo: Topology, usable: list[str] | None = None) -> Placement:
+    """Each rank's node (units); a tensor-parallel group that does not fit one node's G GPUs is refused."""
+    L = layout
+    check_model_parallel(L.T, G)
+    k, n_units = units(L, G)
     usable = topo.usable() if usable is None else usable
-    name = f"(F,R,S)=({F},{R},{S})" + (f" with pp={P}, tp={T}" if P * T > 1 else "")
+    name = f"(F,R,S)=({L.F},{L.R},{L.S})" + (f" with pp={L.P}, tp={L.T}" if L.P * L.T > 1 else "")
     if len(usable) < k * n_units:
         hint = f"; to size the sweep to them, set cluster.nodes={len(usable)}" if usable else ""
         raise NoPlacement(f"{name} needs {k * n_units} nodes of {G} GPUs but only {len(usable)} "
-                          f"are usable; {_what_fits(F, R, S * P * T, G, len(usable))}{hint}")
+                          f"are usable; {_what_fits(L, G, len(usable))}{hint}")
     chosen = _pack(topo, usable, k, n_units)
     if chosen is None:
         raise NoPlacement(f"{name} cannot be placed on the usable nodes")
     nodes = [n for unit in chosen for n in unit]
-    hosts = [nodes[rank // G] for rank in range(F * R * S * P * T)]
-    return assess(F, R, S, hosts, topo, nodes=nodes, P=P, T=T)
+    return assess(L, [nodes[rank // G] for rank in range(L.world)], topo, nodes=nodes)
 
 
 def shards_per_node(nodes: int, G: int, P: int, T: int) -> tuple[int, int] | None:
@@ -92,13 +92,12 @@ def check_model_parallel(T: int, G: int) -> None:
                           f"inside one node (use a divisor of {G})")
 
 
-def in_slurm_order(placement: Placement, F: int, R: int, S: int, G: int, topo: Topology, P: int = 1,
-                   T: int = 1) -> Placement:
+def in_slurm_order(placement: Placement, layout: Layout, G: int, topo: Topology) -> Placement:
     """The same nodes with ranks in SLURM's own order (cluster.placement=slurm, what the paper ran): srun's block
     distribution fills nodes in node-name order, whatever the switches they hang from (on the testbed, whose
     slurm.conf lists tb2, tb4, tb1, tb3 by leaf, `srun -N4` numbers tasks tb1, tb2, tb3, tb4)."""
     nodes = sorted(placement.nodes, key=_name_key)
-    return assess(F, R, S, [nodes[rank // G] for rank in range(F * R * S * P * T)], topo, nodes=nodes, P=P, T=T)
+    return assess(layout, [nodes[rank // G] for rank in range(layout.world)], topo, nodes=nodes)
 
 
 def _name_key(node: str) -> list:
@@ -106,11 +105,16 @@ def _name_key(node: str) -> list:
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", node) if part]
 
 
-@functools.cache
-def communicators(F: int, R: int, S: int, P: int = 1, T: int = 1) -> dict[str, list[list[tuple]]]:
+def communicators(layout: Layout) -> dict[str, list[list[tuple]]]:
     """The (f, r, s, p, t) members of every shard, replicate, federation, pipeline and tensor-parallel group; in
-    FL+HSDP only replica 0 of each group averages across groups (train.federation.federated). Cached: placing and
-    pricing a layout both walk them (callers only read)."""
+    FL+HSDP only replica 0 of each group averages across groups (train.federation.federated)."""
+    return _communicators(*layout.shape)
+
+
+@functools.cache
+def _communicators(F: int, R: int, S: int, P: int, T: int) -> dict[str, list[list[tuple]]]:
+    """Cached by grid: placing and pricing a layout both walk them, and layouts that differ in strategy or A share
+    them (callers only read)."""
     mp = [(p, t) for p in range(P) for t in range(T)]
     return {"shard": [[(f, r, s, p, t) for s in range(S)] for f in range(F) for r in range(R) for p, t in mp],
             "replicate": [[(f, r, s, p, t) for r in range(R)] for f in range(F) for s in range(S) for p, t in mp],
@@ -126,28 +130,26 @@ HIERARCHY = ("B_T", "B_P", "B_S", "B_R", "B_F")  # fastest first: the order the 
 
 
 @gc_paused()
-def assess(F: int, R: int, S: int, hosts: list[str], topo: Topology, nodes: list[str] | None = None, P: int = 1,
-           T: int = 1) -> Placement:
+def assess(layout: Layout, hosts: list[str], topo: Topology, nodes: list[str] | None = None) -> Placement:
     """Per-level bottlenecks of a given rank -> host map (a plan, or where a finished run really ran)."""
-    dims = Dims(F, R, S, P, T)
-    grid = [dims.coords(rank) for rank in range(dims.world)]
+    grid = [layout.coords(rank) for rank in range(layout.world)]
     host = dict(zip(grid, hosts))
 
     def worst(groups) -> float | None:
         levels = [topo.lca_level({host[c] for c in group}) for group in groups if len(group) > 1]
         return topo.link(max(levels)) if levels else None
 
-    bandwidth = {BANDWIDTH_KEYS[kind]: worst(g) for kind, g in communicators(F, R, S, P, T).items()}
+    bandwidth = {BANDWIDTH_KEYS[kind]: worst(g) for kind, g in communicators(layout).items()}
     present = [bandwidth[k] for k in HIERARCHY if bandwidth[k] is not None]
     ok = all(a >= b for a, b in zip(present, present[1:]))
-    per_group = dims.world // F
-    group_hosts = [{hosts[r] for r in range(f * per_group, (f + 1) * per_group)} for f in range(F)]
+    per_group = layout.group_world
+    group_hosts = [{hosts[r] for r in range(f * per_group, (f + 1) * per_group)} for f in range(layout.F)]
     return Placement(nodes=nodes or list(dict.fromkeys(hosts)), hosts=hosts, coords=grid,
                      group_levels=[topo.lca_level(h) for h in group_hosts], bandwidth=bandwidth, hierarchy_ok=ok)
 
 
-def _what_fits(F: int, R: int, S: int, G: int, usable: int) -> str:
-    k = max(1, R * S // G)
+def _what_fits(layout: Layout, G: int, usable: int) -> str:
+    k = max(1, layout.R * layout.S * layout.P * layout.T // G)
     groups = usable // k
     if groups >= 2:
         return f"at most {groups} federation groups of this size fit (F={groups})"

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.parallel.strategy import STRATEGIES, Layout
-from train.spec import INT8_BLOCK  # torch-free
+from train.contract.layout import Layout
+from train.contract.spec import INT8_BLOCK  # torch-free
 
 LLAMA_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                "num_key_value_heads", "intermediate_size")
@@ -98,20 +98,9 @@ def _bandwidth(key: str, value: float | None) -> float:
 
 def _terms(layout: Layout, model: Model, B_S: float | None, B_R: float | None,
            B_F: float | None) -> dict[str, float]:
-    """Seconds per batch of each term; fsdp/hsdp/fl_fsdp are fl_hsdp with F = 1 and/or R = 1 pinned."""
-    strategy, F, R, S, A = layout.strategy, layout.F, layout.R, layout.S, layout.A
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    for key, size in (("F", F), ("R", R), ("S", S)):
-        if size < 1:
-            raise ValueError(f"{key} must be >= 1, got {size}")
-    federated, replicated = STRATEGIES[strategy].federated, STRATEGIES[strategy].replicated
-    for key, size, allowed in (("F", F, federated), ("R", R, replicated)):
-        if size != 1 and not allowed:
-            raise ValueError(f"{key} must be 1 for {strategy}, got {size}")
-    # F = 1 is accepted for the FL strategies on purpose (training forbids it): it is the no-federation limit.
-    if federated and (A is None or A < 1):
-        raise ValueError(f"A must be >= 1 for {strategy}, got {A!r}")
+    """Seconds per batch of each term; fsdp/hsdp/fl_fsdp are fl_hsdp with F = 1 and/or R = 1 pinned (a Layout is
+    checked when made: its strategy, grid and A are valid)."""
+    F, R, S, A = layout.F, layout.R, layout.S, layout.A
     shard = (S - 1) / (S * _bandwidth("B_S", B_S)) if S > 1 else 0.0
     replicate = 2 * (R - 1) / (R * _bandwidth("B_R", B_R)) if R > 1 else 0.0
     federation = 0.0

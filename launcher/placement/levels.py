@@ -1,4 +1,4 @@
-"""Which ranks talk across which topology level: the communicators the probe times (launcher.probe), and how
+"""Which ranks talk across which topology level: the communicators the probe times (launcher.actions.probe), and how
 many of a layout's concurrent communicators share the busiest link of the level they cross (the step-time
 model divides a link's measured bandwidth by that count)."""
 from __future__ import annotations

@@ -40,7 +40,8 @@ import functools
 from dataclasses import dataclass
 
 from launcher.placement.steptime import Shapes, root_units, stage_shapes
-from train.spec import FEDAVG_CHUNK_BYTES, RunSpec
+from train.contract.layout import Layout
+from train.contract.spec import FEDAVG_CHUNK_BYTES, RunSpec
 
 STATE_BYTES = {"fp32": 16, "bf16": 16, "paper": 8}  # parameter + gradient + AdamW's two moments, per parameter
 PARAM_BYTES = {"fp32": 4, "bf16": 4, "paper": 2}     # as stored (bf16 keeps fp32 master weights)
@@ -52,19 +53,16 @@ LOSS_SAVED_BYTES, LOSS_GRAD_BYTES = 4, 8
 
 
 @dataclass(frozen=True)
-class Layout:
-    """What the memory of one device depends on besides the model."""
+class DeviceWork:
+    """What the memory of one device depends on besides the model: its layout and what each step holds."""
 
-    S: int
-    P: int = 1
-    T: int = 1
-    batch: int = 1
+    layout: Layout
+    batch: float = 1
     seq_len: int = 128
     microbatches: int = 1
     schedule: str = "1f1b"
     precision: str = "fp32"
     reduce_dtype: str = "fp32"
-    federated: bool = False
     outer_copy: bool = False  # DiLoCo, or a compressed or streamed exchange, with its state on the device
     checkpointing: str = "none"  # train.activation_checkpointing: none, full or selective
     sequence_parallel: bool = False  # under tp: the block's unsplit activations are split too, but for the
@@ -87,44 +85,43 @@ class Memory:
                 "buffers": self.buffers, "total": self.total}
 
 
-def layout_of(spec: RunSpec) -> Layout:
+def work_of(spec: RunSpec) -> DeviceWork:
     t = spec.train
     copy = spec.federated and (t.outer != "fedavg" or t.aggregation_dtype != "fp32" or t.streamed)
-    return Layout(S=spec.S, P=t.pp, T=t.tp, batch=t.batch_per_rank, seq_len=t.seq_len, microbatches=t.n_microbatches,
-                  schedule=t.pp_schedule, precision=t.precision, reduce_dtype=t.reduce_dtype,
-                  federated=spec.federated,
-                  outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing,
-                  sequence_parallel=t.sequence_parallel)
+    return DeviceWork(spec.layout, batch=t.batch_per_rank, seq_len=t.seq_len, microbatches=spec.microbatches,
+                      schedule=t.pp_schedule, precision=t.precision, reduce_dtype=t.reduce_dtype,
+                      outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing,
+                      sequence_parallel=t.sequence_parallel)
 
 
-def per_device(llama_kwargs: dict, layout: Layout) -> Memory:
+def per_device(llama_kwargs: dict, work: DeviceWork) -> Memory:
     """Peak bytes of the device holding the most (module docstring)."""
-    L = layout
+    W, L = work, work.layout
     shapes = Shapes.of(llama_kwargs)
     stage = stage_shapes(shapes, L.P, L.T)
     root, layers, layer = stage.root, stage.layers * stage.layer, stage.layer
     sharded = (root + layers) / L.S
-    param_b, compute_b = PARAM_BYTES[L.precision], COMPUTE_BYTES[L.precision]
-    grad_b = 4 if L.precision != "paper" else 2  # sharded, in the parameters' dtype
-    state = sharded * (STATE_BYTES[L.precision] - grad_b + (2 * 4 if L.outer_copy else 0))
-    unsharded_grad_b = max(compute_b, REDUCE_BYTES[L.reduce_dtype])
+    param_b, compute_b = PARAM_BYTES[W.precision], COMPUTE_BYTES[W.precision]
+    grad_b = 4 if W.precision != "paper" else 2  # sharded, in the parameters' dtype
+    state = sharded * (STATE_BYTES[W.precision] - grad_b + (2 * 4 if W.outer_copy else 0))
+    unsharded_grad_b = max(compute_b, REDUCE_BYTES[W.reduce_dtype])
     buffers = 0.0
     if L.federated:
         buffers = min(sharded * param_b, FEDAVG_CHUNK_BYTES) * (2 if param_b == 2 else 1)
-    per_token = _per_token_layer(llama_kwargs, L.T, L.sequence_parallel) * compute_b
-    activations = functools.partial(_activations, llama_kwargs, L, stage.layers, per_token)
+    per_token = _per_token_layer(llama_kwargs, L.T, W.sequence_parallel) * compute_b
+    activations = functools.partial(_activations, llama_kwargs, W, stage.layers, per_token)
     if L.P == 1:
         # lm_head and the norm (the embedding resharded after forward), the layer computing and the one prefetched;
         # the two layers' gradients before their reduce-scatter (fully_shard copies them out even on one rank)
         working = (root_units(shapes, L.T)[1] + 2 * layer) * compute_b
-        tokens = L.batch * L.seq_len
+        tokens = W.batch * W.seq_len
         return Memory(state, working + 2 * layer * unsharded_grad_b, activations(tokens, tokens, tokens), buffers)
     unsharded = (root + layers) * compute_b
-    return max((_stage(L, activations, unsharded, (root + layers) * unsharded_grad_b, last, state, buffers)
+    return max((_stage(W, activations, unsharded, (root + layers) * unsharded_grad_b, last, state, buffers)
                 for last in (False, True)), key=lambda m: m.total)
 
 
-def _stage(L: Layout, activations, unsharded: float, grads: float, last: bool, state: float,
+def _stage(W: DeviceWork, activations, unsharded: float, grads: float, last: bool, state: float,
            buffers: float) -> Memory:
     """The first or the last pipeline stage at its peak. No unit reshards after forward under pp, and torch's
     pipelining turns FSDP's gradient reduction and its resharding after backward off until the last microbatch:
@@ -133,9 +130,9 @@ def _stage(L: Layout, activations, unsharded: float, grads: float, last: bool, s
     the first stage, one on the last): one that follows a forward (k microbatches, the gradients held unless it
     is the first backward) or, on the first stage, one that follows a backward (k - 1 microbatches, the
     gradients held)."""
-    m = L.microbatches
-    k = m if L.schedule == "gpipe" else (1 if last else min(m, L.P))
-    micro = L.batch * L.seq_len / m
+    m = W.microbatches
+    k = m if W.schedule == "gpipe" else (1 if last else min(m, W.layout.P))
+    micro = W.batch * W.seq_len / m
 
     def held(n: int) -> float:  # n microbatches' activations, and the last stage's loss over them
         return activations(n * micro, n * micro if last else 0.0, micro)
@@ -146,7 +143,7 @@ def _stage(L: Layout, activations, unsharded: float, grads: float, last: bool, s
     return max(after_forward, Memory(state, unsharded + grads, held(k - 1), buffers), key=lambda mem: mem.total)
 
 
-def _activations(llama_kwargs: dict, L: Layout, n_layers: int, per_token: float, tokens: float,
+def _activations(llama_kwargs: dict, W: DeviceWork, n_layers: int, per_token: float, tokens: float,
                  logits_tokens: float, live_tokens: float) -> float:
     """Bytes held at the start of a backward: what `tokens` saved through `n_layers` layers, the loss's saved
     tensors over `logits_tokens` and its gradients over `live_tokens` (the batch, or the microbatch in backward);
@@ -154,10 +151,10 @@ def _activations(llama_kwargs: dict, L: Layout, n_layers: int, per_token: float,
     `live_tokens` through one layer are live while it is recomputed, after the loss is freed."""
     loss = (logits_tokens * LOSS_SAVED_BYTES + live_tokens * LOSS_GRAD_BYTES) * llama_kwargs["vocab_size"] \
         if logits_tokens else 0.0
-    if L.checkpointing == "none":
+    if W.checkpointing == "none":
         return tokens * n_layers * per_token + loss
-    kept = _kept_per_token_layer(llama_kwargs, L.T, L.sequence_parallel, L.checkpointing == "selective")
-    return tokens * n_layers * kept * COMPUTE_BYTES[L.precision] + max(loss, live_tokens * per_token)
+    kept = _kept_per_token_layer(llama_kwargs, W.layout.T, W.sequence_parallel, W.checkpointing == "selective")
+    return tokens * n_layers * kept * COMPUTE_BYTES[W.precision] + max(loss, live_tokens * per_token)
 
 
 def _kept_per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool, selective: bool) -> float:
@@ -183,3 +180,11 @@ def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False
     h, i = llama_kwargs["hidden_size"], llama_kwargs["intermediate_size"]
     split = (3 * h + 2 * _kv_hidden(llama_kwargs) + 4 * i) / T
     return split + (5 * h / T + 2 * h if sequence_parallel and T > 1 else 5 * h)
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.23 MB', 4.13e12 -> '4.13 TB' (decimal units, as disks and links are sold)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from launcher.placement import allocate
 from launcher.placement.costmodel import Model, predict
 from launcher.placement.topology import Topology
-from train.parallel.strategy import STRATEGIES, Layout
+from train.contract.layout import STRATEGIES, Layout
 
 AS = (1, 2, 4, 8, 16, 32)
 
@@ -30,7 +30,7 @@ def candidates(nodes: int, G: int, As=AS, parallel=((1, 1),)) -> list[Layout]:
 
 def price(layout: Layout, G: int, model: Model, topo: Topology,
           usable: list[str] | None = None) -> tuple[allocate.Placement, float]:
-    placement = allocate.place(layout.F, layout.R, layout.S, G, topo, usable)
+    placement = allocate.place(layout, G, topo, usable)
     return placement, predict(layout, model, placement.bandwidth)["predicted_comm_s"]
 
 
@@ -47,7 +47,7 @@ def rank_layouts(layouts: list[Layout], G: int, model: Model, topo: Topology, us
     for layout in layouts:
         F, R, S, P, T = layout.F, layout.R, layout.S, layout.P, layout.T
         if (F, R, S, P, T) not in placed:
-            placed[F, R, S, P, T] = allocate.place(F, R, S, G, topo, usable, P=P, T=T)
+            placed[F, R, S, P, T] = allocate.place(layout, G, topo, usable)
         placement = placed[F, R, S, P, T]
         seconds = predict(layout, model, placement.bandwidth)["predicted_comm_s"]
         rows.append({"strategy": layout.strategy, "F": F, "R": R, "S": S, "A": layout.A, "pp": P, "tp": T,

@@ -17,10 +17,10 @@ it crosses, where flows is how many of the layout's concurrent groups share that
 - synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one per FedAvg, for
   the non-finite check (train.runtime.nonfinite); phases are timed with device events, without barriers
   (train.measure.metrics).
-With tensor and pipeline parallelism (ModelParallel) a rank holds the largest stage's ceil(L / pp) layers, each
+With tensor and pipeline parallelism (the layout's P and T) a rank holds the largest stage's ceil(L / pp) layers, each
 split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
 - tensor group (tp ranks, one node), per layer and microbatch, as train.parallel.tensor's DTensor plan issues them (the
-  dry-run counts them, launcher.dryrun): an all_reduce of the activations after attention and after the MLP in
+  dry-run counts them, launcher.actions.dryrun): an all_reduce of the activations after attention and after the MLP in
   forward, and in backward one of the input gradient of each column-wise matrix (q, k, v, gate, up: five, not a
   fused QKV's two); lm_head (without pipeline stages: the first stage, priced, has none) gathers the logits
   (all_gather) and all-reduces its input's gradient. With sequence parallelism the two forward all-reduces
@@ -42,15 +42,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from launcher.errors import ConfigError
 from launcher.placement.allocate import Placement, communicators
 from launcher.placement.alphabeta import COLLECTIVES, bus_factor
 from launcher.placement.costmodel import LLAMA_KEYS, Model, llama_params
 from launcher.placement.levels import level_name, traffic
 from launcher.placement.topology import Topology
-from train.parallel.strategy import Layout
-from train.presets import flops_per_token
-from train.spec import FEDAVG_CHUNK_BYTES
+from train.contract.common import ConfigError
+from train.contract.layout import Layout
+from train.contract.presets import flops_per_token
+from train.contract.spec import FEDAVG_CHUNK_BYTES
 
 ASSUMED_MFU = 0.4  # model FLOPs utilisation assumed when compute is estimated from peak_flops (not measured)
 
@@ -77,22 +77,21 @@ class Shapes:
 
 
 @dataclass(frozen=True)
-class ModelParallel:
-    """What tensor and pipeline parallelism add to a step: degrees, microbatches and the activation shapes."""
+class Activations:
+    """What travels between tensor-parallel ranks and pipeline stages besides the parameters: one data-parallel
+    rank's tokens per step in microbatches, their width, and the vocabulary of the logits."""
 
-    P: int = 1
-    T: int = 1
     microbatches: int = 1
-    tokens: int = 0  # per step of one data-parallel rank: batch x seq_len
+    tokens: float = 0  # per step of one data-parallel rank: batch x seq_len
     hidden: int = 0
     vocab: int = 0
     sequence_parallel: bool = False  # under tp: all-gather + reduce-scatter in place of each all-reduce
 
     @classmethod
-    def of(cls, llama_kwargs: dict, batch: float, seq_len: int, P: int = 1, T: int = 1, microbatches: int = 1,
-           sequence_parallel: bool = False) -> "ModelParallel":
+    def of(cls, llama_kwargs: dict, batch: float, seq_len: int, microbatches: int = 1,
+           sequence_parallel: bool = False) -> "Activations":
         """`batch`: sequences per data-parallel rank."""
-        return cls(P, T, microbatches, batch * seq_len, llama_kwargs["hidden_size"], llama_kwargs["vocab_size"],
+        return cls(microbatches, batch * seq_len, llama_kwargs["hidden_size"], llama_kwargs["vocab_size"],
                    sequence_parallel)
 
 
@@ -148,7 +147,7 @@ class Network:
 
     @classmethod
     def from_probe(cls, probe: dict, source: str) -> "Network":
-        """A probe row's link rate: its bus bandwidth times the groups that shared the link (launcher.probe)."""
+        """A probe row's link rate: its bus bandwidth times the groups that shared the link (launcher.actions.probe)."""
         return cls({(e["level"], e["collective"]): Link(e["alpha_s"], e["link_bytes_per_s"])
                     for e in probe["levels"]}, source)
 
@@ -192,7 +191,7 @@ class Compute:
 
     @classmethod
     def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":
-        """Training FLOPs per token (train.presets.flops_per_token), a third in forward, at ASSUMED_MFU of
+        """Training FLOPs per token (train.contract.presets.flops_per_token), a third in forward, at ASSUMED_MFU of
         peak; the optimizer is not estimated."""
         shapes = Shapes.of(llama_kwargs)
         params = shapes.root + shapes.layers * shapes.layer
@@ -213,18 +212,17 @@ class StepTime:
     compute_source: str
 
 
-def load(placement: Placement, F: int, R: int, S: int, topo: Topology, P: int = 1,
-         T: int = 1) -> dict[str, dict[int, int]]:
+def load(placement: Placement, layout: Layout, topo: Topology) -> dict[str, dict[int, int]]:
     """{group kind: {level: flows}} of a placed layout (levels.traffic of all its groups of that kind)."""
     host = dict(zip(placement.coords, placement.hosts))
     return {kind: traffic([[host[c] for c in g] for g in groups], topo)
-            for kind, groups in communicators(F, R, S, P, T).items()}
+            for kind, groups in communicators(layout).items()}
 
 
-def sync_seconds(barrier_s: float, F: int, A: int | None) -> float:
+def sync_seconds(barrier_s: float, layout: Layout) -> float:
     """World-wide synchronisation per step: a federated run's non-finite check before each FedAvg, amortised
     over A."""
-    return barrier_s * (1 / A if F > 1 else 0)
+    return barrier_s / layout.A if layout.federated else 0.0
 
 
 @dataclass(frozen=True)
@@ -242,15 +240,16 @@ class Transfer:
 LOADS = {"shard": "shard", "replicate": "replicate", "fed": "federation", "tp": "tensor", "pp": "pipeline"}
 
 
-def transfers(F: int, R: int, S: int, shapes: Shapes, model: Model, mp: ModelParallel = ModelParallel()) -> list:
+def transfers(layout: Layout, shapes: Shapes, model: Model, acts: Activations = Activations()) -> list:
     """What one rank sends (module docstring), in the order step_time sums it; `model` gives the bytes per
     parameter of each collective (costmodel), activations travel in the parameters' all-gather dtype."""
     gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
-    stage = stage_shapes(shapes, mp.P, mp.T)
-    unit_gathers = gathers(shapes, mp.P, mp.T)
+    F, S, P, T = layout.F, layout.S, layout.P, layout.T
+    stage = stage_shapes(shapes, P, T)
+    unit_gathers = gathers(shapes, P, T)
     units = [p for p, _ in unit_gathers]
     out = []
-    m = mp.microbatches
+    m = acts.microbatches
     for p, calls in unit_gathers:
         out += [Transfer("step", "shard", "all_gather", p * gather_b, calls),
                 Transfer("step", "shard", "reduce_scatter", p * grad_b, 1)]
@@ -261,26 +260,26 @@ def transfers(F: int, R: int, S: int, shapes: Shapes, model: Model, mp: ModelPar
         exchange = "all_reduce" if (model.fedavg_bytes_per_param or gather_b) >= 4 else "all_to_all"
         out += [Transfer("aggregation", "fed", exchange, shard_bytes / chunks, chunks),
                 Transfer("aggregation", "replicate", "broadcast", shard_bytes / chunks, chunks)]
-    micro = mp.tokens / m * mp.hidden * gather_b  # one microbatch's activations
+    micro = acts.tokens / m * acts.hidden * gather_b  # one microbatch's activations
     L = stage.layers
-    if mp.T > 1:
-        if mp.P == 1:  # lm_head (the first stage, the one priced, has none)
+    if T > 1:
+        if P == 1:  # lm_head (the first stage, the one priced, has none)
             out += [Transfer("step", "tp", "all_reduce", micro, m),
-                    Transfer("step", "tp", "all_gather", mp.tokens / m * mp.vocab * gather_b, m)]
-        if mp.sequence_parallel:
+                    Transfer("step", "tp", "all_gather", acts.tokens / m * acts.vocab * gather_b, m)]
+        if acts.sequence_parallel:
             out += [Transfer("step", "tp", "all_reduce", micro, m * 5 * L),
                     Transfer("step", "tp", "all_gather", micro, m * (4 * L + 2)),
                     Transfer("step", "tp", "reduce_scatter", micro, m * 2 * L)]
         else:
             out.append(Transfer("step", "tp", "all_reduce", micro, m * 7 * L))
-    if mp.P > 1:
+    if P > 1:
         out.append(Transfer("step", "pp", "broadcast", micro, 2 * m))
     return out
 
 
-def group_ranks(F: int, R: int, S: int, mp: ModelParallel) -> dict[str, int]:
+def group_ranks(layout: Layout) -> dict[str, int]:
     """Ranks of each group a transfer crosses (a pipeline send joins two stages)."""
-    return {"shard": S, "replicate": R, "fed": F, "tp": mp.T, "pp": 2 if mp.P > 1 else 1}
+    return {"shard": layout.S, "replicate": layout.R, "fed": layout.F, "tp": layout.T, "pp": 2 if layout.P > 1 else 1}
 
 
 def wire_bytes(moved: list, ranks: dict[str, int]) -> dict[str, dict[str, float]]:
@@ -303,11 +302,12 @@ class Links(NamedTuple):
 
 
 def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, compute: Compute | None,
-              overlap: bool, sync_s: float = 0.0, mp: ModelParallel = ModelParallel()) -> StepTime:
+              overlap: bool, sync_s: float = 0.0, acts: Activations = Activations()) -> StepTime:
     """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `sync_s`:
-    world-wide barriers per step (sync_seconds), which nothing overlaps; `mp`: tensor and pipeline parallelism."""
-    F, R, S, A = layout.F, layout.R, layout.S, layout.A
-    moved, ranks = transfers(F, R, S, shapes, model, mp), group_ranks(F, R, S, mp)
+    world-wide barriers per step (sync_seconds), which nothing overlaps; `acts`: what tensor and pipeline
+    parallelism send."""
+    F, S, A, P, T, m = layout.F, layout.S, layout.A, layout.P, layout.T, acts.microbatches
+    moved, ranks = transfers(layout, shapes, model, acts), group_ranks(layout)
 
     def seconds(per: str, *groups: str) -> float:
         return sum(t.calls * links.network.seconds(t.collective, t.size, ranks[t.group], links.loads[LOADS[t.group]])
@@ -317,8 +317,8 @@ def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, comput
     shard, replicate = seconds("step", "shard"), seconds("step", "replicate")
     comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
     in_place = compute is not None and compute.in_place
-    if mp.P * mp.T > 1 and not in_place:
-        slots = (mp.microbatches + mp.P - 1) / mp.microbatches  # the schedule's slots each way, all on the path
+    if P * T > 1 and not in_place:
+        slots = (m + P - 1) / m  # the schedule's slots each way, all on the path
         comm |= {"tensor": seconds("step", "tp"), "pipeline": seconds("step", "pp") * slots}
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
@@ -326,9 +326,9 @@ def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, comput
         hidden, source = compute.forward_s + compute.backward_s, compute.source
         exposed_compute = compute.optimizer_s / S
     else:
-        bubble = (mp.microbatches + mp.P - 1) / mp.microbatches
-        hidden, source = (compute.forward_s + compute.backward_s) / (mp.P * mp.T) * bubble, compute.source
-        exposed_compute = compute.optimizer_s / (S * mp.P * mp.T)
+        bubble = (m + P - 1) / m
+        hidden, source = (compute.forward_s + compute.backward_s) / (P * T) * bubble, compute.source
+        exposed_compute = compute.optimizer_s / (S * P * T)
     exposed = federation + sync_s + comm.get("tensor", 0.0) + comm.get("pipeline", 0.0)
     no_overlap = hidden + exposed_compute + shard + replicate + exposed
     full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.errors import ConfigError, SlurmError
 from launcher.placement import gc_paused
 from launcher.slurm import scontrol
 from launcher.slurm.parse import Block, Node, Switch, parse_nodes, parse_topology
+from train.contract.common import ConfigError, SlurmError
 
 ROOT = "(all)"  # a virtual root above several top-level switches or blocks
 

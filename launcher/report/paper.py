@@ -1,7 +1,7 @@
 """The paper's published Tables 3-4 and its 512-GPU layouts, so a report can set a matching run beside them."""
 from __future__ import annotations
 
-from train.parallel.strategy import STRATEGIES
+from train.contract.layout import STRATEGIES
 
 LLAMA3_8B_PARAMS = 8_030_261_248
 PAPER_A = 8

@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from launcher.report.results import group_repeats  # noqa: E402
 from launcher.report.tables import paper_order  # noqa: E402
-from train.common import atomic  # noqa: E402
-from train.result import PHASES, RunResult  # noqa: E402
+from train.contract.common import atomic  # noqa: E402
+from train.contract.result import PHASES, RunResult  # noqa: E402
 
 
 def save_png(fig, path: Path) -> Path:

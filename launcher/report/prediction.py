@@ -1,5 +1,5 @@
 """Predicted beside measured: the step-time model's estimate registered for every run before it started
-(launcher.registry; plan.json's, labelled post hoc, where none was) against the step the run measured
+(launcher.records.registry; plan.json's, labelled post hoc, where none was) against the step the run measured
 (train_time_s / steps; the mean over a configuration's repeats with its 95 % interval), the error, whether the
 predicted order of the configurations is the measured one (a swap within the measured intervals is labelled as
 noise), and prediction.png (log-log, y = x)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.prediction import TOLERANCE  # the band the plot shades and the notes count against
-from launcher.registry import before, model_name
+from launcher.records.registry import before, model_name
 from launcher.report.results import group_repeats
 from launcher.report.tables import Table, model_parallel, paper_order, span_note
-from train.result import RunResult
+from train.contract.result import RunResult
 
 COLUMNS = ["run_id", "strategy", "placement", "model", "seq_len", "predicted_step_s", "measured_step_s",
            "measured_ci_s", "error", "predicted_at", "started_at", "basis", "n", "predicted_full_overlap_s",

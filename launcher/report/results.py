@@ -1,20 +1,18 @@
 """A sweep's result.json files, read as RunResults and grouped into table rows: repeats of one configuration
-(run ids ending in -repN) become one row, numbers averaged and phase statistics pooled, with each measure's
+(results with the same `config`) become one row, numbers averaged and phase statistics pooled, with each measure's
 95 % confidence interval over the repeats and the per-repeat values that seed-paired ratios need."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import statistics
 from pathlib import Path
 
-from launcher.errors import StateError
 from launcher.report.stats import ci_half_width
-from train.result import ResultError, RunResult, Stats
+from train.contract.common import StateError
+from train.contract.result import ResultError, RunResult, Stats
 
 SPREAD = ("train_time_s", "tokens_per_s", "eval_ppl")  # fields whose spread over repeats is reported
 ALL_OR_NONE = ("time_to_target_s", "steps_to_target")  # null in any repeat: null for the configuration
-_REPEAT = re.compile(r"-rep\d+$")
 
 
 def load_results(sweep_dir: Path) -> list[RunResult]:
@@ -36,7 +34,7 @@ def group_repeats(results: list[RunResult]) -> list[dict]:
     and `<field>_by_repeat` ({repeat index: value}, for pairing by seed); std and ci are None for one run."""
     groups: dict[str, list[RunResult]] = {}
     for r in results:
-        groups.setdefault(_REPEAT.sub("", r.run_id), []).append(r)
+        groups.setdefault(r.configuration[0], []).append(r)
     return [_merge(config, runs) for config, runs in groups.items()]
 
 
@@ -59,15 +57,9 @@ def _merge(config: str, runs: list[RunResult]) -> dict:
         values = [r[key] for r in rows]
         merged[f"{key}_std"] = statistics.stdev(values) if len(rows) > 1 else None
         merged[f"{key}_ci"] = ci_half_width(values)
-        merged[f"{key}_by_repeat"] = {repeat_index(run.run_id): row[key] for run, row in zip(runs, rows)}
+        merged[f"{key}_by_repeat"] = {run.configuration[1]: row[key] for run, row in zip(runs, rows)}
     merged["learned"] = learned(runs)
     return merged
-
-
-def repeat_index(run_id: str) -> int:
-    """K of a run id ending in -repK (its seed is train.seed + K - 1), 1 for a configuration run once."""
-    match = _REPEAT.search(run_id)
-    return int(match.group()[4:]) if match else 1
 
 
 def learned(runs: list[RunResult]) -> bool | None:

@@ -10,21 +10,13 @@ from dataclasses import dataclass, field
 from launcher.report import stats
 from launcher.report.paper import NAMES, TABLES, reproduces_paper
 from launcher.report.results import SPREAD, group_repeats
-from train.result import PHASES, RunResult, Stats
+from train.contract.result import PHASES, RunResult, Stats
 
 
 def _sig3(x: float) -> str:
     if x == 0 or not math.isfinite(x):
         return f"{x:.2f}"
     return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
-
-
-def human_bytes(n: float) -> str:
-    """1234567 -> '1.23 MB', 4.13e12 -> '4.13 TB' (decimal units, as disks and links are sold)."""
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def oriented(ratio: float, below: str, above: str = "") -> str:

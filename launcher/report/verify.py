@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from launcher.placement import allocate
 from launcher.placement.topology import Topology
-from train.result import RunResult
+from train.contract.layout import Layout
+from train.contract.result import RunResult
 
 
 def achieved(result: RunResult, topo: Topology) -> dict:
@@ -20,7 +21,8 @@ def achieved(result: RunResult, topo: Topology) -> dict:
     outside = sorted({h for h in hosts if h not in topo.parent})
     if outside:
         return {"unverifiable": f"ran on {', '.join(outside[:3])}, not in the topology"}
-    p = allocate.assess(result.F, result.R, result.S, hosts, topo, P=result.pp, T=result.tp)
+    layout = Layout(result.strategy, result.F, result.R, result.S, result.A, result.pp, result.tp)
+    p = allocate.assess(layout, hosts, topo)
     return {**p.bandwidth, "hierarchy_ok": p.hierarchy_ok}
 
 

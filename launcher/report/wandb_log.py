@@ -5,16 +5,14 @@ import json
 import os
 from pathlib import Path
 
-from launcher.errors import ConfigError
-from train.result import RunResult
-
-MODES = ("offline", "online", "disabled")
+from train.contract.common import ConfigError
+from train.contract.result import RunResult
 
 
-def check(wandb_cfg: dict) -> None:
+def check(wandb_cfg) -> None:
     """Fail before submitting anything if logging is asked for but impossible (its keys' types and mode are
     checked when the settings are composed)."""
-    if not wandb_cfg.get("enabled"):
+    if not wandb_cfg.enabled:
         return
     try:
         import wandb  # noqa: F401
@@ -27,13 +25,13 @@ class LiveRun:
     """One W&B run fed while its job trains: every poll logs the metrics.jsonl rows written since the last
     (complete lines only; steps already logged are skipped, as after a resume that trimmed the file)."""
 
-    def __init__(self, wandb_cfg: dict, sweep: str, run_dir: Path, config: dict):
+    def __init__(self, wandb_cfg, sweep: str, run_dir: Path, config: dict):
         import wandb
 
         os.environ.setdefault("WANDB_SILENT", "true")
         self.path, self.offset, self.last_step = run_dir / "metrics.jsonl", 0, 0
-        self.run = wandb.init(project=wandb_cfg["project"], group=sweep, name=run_dir.name,
-                              mode=wandb_cfg["mode"], dir=str(run_dir.parent), config=config, reinit="create_new")
+        self.run = wandb.init(project=wandb_cfg.project, group=sweep, name=run_dir.name,
+                              mode=wandb_cfg.mode, dir=str(run_dir.parent), config=config, reinit="create_new")
 
     def feed(self) -> int:
         """Log the new rows; returns how many."""
@@ -64,17 +62,17 @@ class LiveRun:
         self.run.finish(exit_code=0 if result is not None else 1)
 
 
-def open_run(wandb_cfg: dict, sweep: str, run_dir: Path, spec) -> LiveRun | None:
+def open_run(wandb_cfg, sweep: str, run_dir: Path, spec) -> LiveRun | None:
     """A LiveRun for a submitted run when W&B logging is on."""
-    if not wandb_cfg.get("enabled"):
+    if not wandb_cfg.enabled:
         return None
-    return LiveRun(wandb_cfg, sweep, run_dir, {k: getattr(spec, k) for k in ("strategy", "F", "R", "S", "A")}
+    return LiveRun(wandb_cfg, sweep, run_dir, {k: getattr(spec.layout, k) for k in ("strategy", "F", "R", "S", "A")}
                    | {"world_size": spec.world_size, "steps": spec.train.steps})
 
 
-def sync_hint(wandb_cfg: dict, sweep_dir: Path) -> str | None:
+def sync_hint(wandb_cfg, sweep_dir: Path) -> str | None:
     """Where offline runs are and the command that uploads them."""
-    if not wandb_cfg.get("enabled") or wandb_cfg.get("mode") != "offline":
+    if not wandb_cfg.enabled or wandb_cfg.mode != "offline":
         return None
     return (f"W&B offline runs are in {sweep_dir / 'wandb'}; upload them with: "
             f"wandb sync {sweep_dir / 'wandb'}/offline-run-*")

@@ -6,18 +6,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher import registry, target
 from launcher import scheduler as schedulers
-from launcher.errors import StateError
 from launcher.placement import topology
+from launcher.records import registry, target
+from launcher.records.store import Store
 from launcher.report.plots import plots
 from launcher.report.prediction import prediction_plot, prediction_table
 from launcher.report.scaling import scaling_plot, scaling_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
-from launcher.store import Store
-from train.common import write_atomic
-from train.result import RunResult
+from train.contract.common import StateError, write_atomic
+from train.contract.result import RunResult
 
 LOCAL_NOTE = ("cluster=local: every rank ran on this one machine, with no slow link between its virtual nodes, so "
               "the speed ratios do not test the paper's claim (which is about slow links between nodes); the SLURM "

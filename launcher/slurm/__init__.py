@@ -1,1 +1,1 @@
-"""SLURM: hostlists, the scontrol/squeue queries and their parsers, submission, in-job rank placement."""
+"""SLURM: hostlists, the scontrol/squeue queries and their parsers, the nodes' hardware."""

@@ -7,8 +7,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from launcher.errors import ConfigError
 from launcher.slurm.parse import Node
+from train.contract.common import ConfigError
 
 # GPU models a Gres type or a node feature may name: memory per GPU in GB (None: sold in several sizes) and
 # dense bf16 peak FLOP/s per GPU (the vendors' data sheets; SXM parts)

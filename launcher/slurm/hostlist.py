@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from itertools import product
 
-from launcher.errors import ConfigError
+from train.contract.common import ConfigError
 
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")  # ASCII digits only: \d would take ٣ (Arabic-Indic three) too
 _NUMERIC_TAIL = re.compile(r"(.*?)([0-9]+)")

@@ -10,9 +10,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from launcher.errors import ConfigError, SlurmError
 from launcher.slurm.hostlist import compress, expand
 from launcher.slurm.parse import parse_key_values, parse_nodes, parse_partitions
+from train.contract.common import ConfigError, SlurmError
 
 
 def run_scontrol(args: list[str], timeout_s: float = 30) -> str:

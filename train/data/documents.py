@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from train.common import DataError
+from train.contract.common import DataError
 
 
 def documents(file: Path, key: str) -> list[str]:

@@ -26,21 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from train.common import DataError, atomic, write_atomic
+from train.contract.common import DataError, atomic, write_atomic
+from train.contract.sections import TextData
+from train.contract.token_index import INDEX, VERSION, directory_hash, file_hash
 from train.data.documents import documents
-from train.sections import TextData
 
-INDEX = "index.json"
-VERSION = 1
 BATCH_DOCS = 1024  # documents per encode_batch call
-
-
-def file_hash(path: Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -64,18 +55,6 @@ class Tokenizer:
     @property
     def dtype(self) -> str:
         return "uint16" if self.size <= 1 << 16 else "uint32"
-
-
-def directory_hash(directory: str) -> str:
-    """A tokenizer directory's hash: every file's name and contents (so a run can check a prepared directory's
-    tokenizer without loading it)."""
-    root = Path(directory)
-    if not (root / "tokenizer.json").is_file():
-        raise DataError(f"tokenizer directory {directory} has no tokenizer.json (a fast tokenizer is needed)")
-    digest = hashlib.blake2b(digest_size=16)
-    for f in sorted(p for p in root.rglob("*") if p.is_file()):
-        digest.update(f.relative_to(root).as_posix().encode() + b"\0" + file_hash(f).encode())
-    return digest.hexdigest()
 
 
 def _eos_token(root: Path) -> str | None:

@@ -10,7 +10,7 @@ it). Generators are seeded from ``SeedSequence([seed, domain, ...])``;
 the domain tag keeps chain construction, training and eval draws apart (SeedSequence
 zero-pads short entropy, so ``[s, a]`` and ``[s, a, 0]`` would otherwise collide).
 
-``data`` section schema (train.sections; unknown keys are a DataError):
+``data`` section schema (train.contract.sections; unknown keys are a DataError):
 
 ``{"kind": "synthetic", "vocab": int = min(model_vocab, 512), "branching": int = 8,
 "eval_sequences": int = 64}``
@@ -41,11 +41,11 @@ import math
 import numpy as np
 import torch
 
-from train.common import DataError
+from train.contract.common import DataError
+from train.contract.sections import DataSection, SyntheticData, TextData, TokensData, data_section
 from train.data.documents import documents, load_tokenizer
 from train.data.token_source import TokenSource, entropy, unigram_ppl
 from train.data.tokens import TokensSource
-from train.sections import DataSection, SyntheticData, TextData, TokensData, data_section
 
 _CHAIN, _TRAIN, _EVAL = 0, 1, 2  # SeedSequence domain tags
 
@@ -178,7 +178,7 @@ class TextSource(TokenSource):
 
 def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed: int,
                  global_batch: int | None = None, steps: int | None = None) -> TokenSource:
-    """The source a data section names. Its keys and types were checked by train.sections; what needs the
+    """The source a data section names. Its keys and types were checked by train.contract.sections; what needs the
     model's vocabulary (vocab and branching ranges) is checked here, before any process group starts.
     `global_batch` and `steps` let a prepared directory check it can feed the run."""
     if isinstance(data, dict):
@@ -195,14 +195,14 @@ def build_source(data: DataSection | dict, model_vocab: int, seq_len: int, seed:
 
 
 def for_run(spec, model_vocab: int) -> TokenSource:
-    """The source of a run spec (train.spec.RunSpec), checked against its global batch and steps."""
+    """The source of a run spec (train.contract.spec.RunSpec), checked against its global batch and steps."""
     cfg = spec.train
     return build_source(spec.data, model_vocab, cfg.seq_len, cfg.seed, global_batch(spec), cfg.steps)
 
 
 def global_batch(spec) -> int:
     """Sequences one step trains over every data-parallel rank of the run."""
-    return spec.dims.dp_world * spec.train.batch_per_rank
+    return spec.layout.dp_world * spec.train.batch_per_rank
 
 
 def rank_rows(spec, data_rank: int) -> range:

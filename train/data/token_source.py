@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 import numpy as np
 import torch
 
-from train.common import DataError
+from train.contract.common import DataError
 
 
 def entropy(p: np.ndarray) -> float:

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from train.data import token_index
+from train.contract import token_index
+from train.contract.sections import TokensData
 from train.data.token_source import TokenSource, unigram_ppl
-from train.sections import TokensData
 
 _PERMUTATION = 3  # SeedSequence domain tag (train.data.sources uses 0-2)
 

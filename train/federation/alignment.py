@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from train.common import AlignmentError
+from train.contract.common import AlignmentError
 from train.parallel.parallelize import local
 
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from train.contract.spec import INT8_BLOCK
 from train.federation.inflight import Exchange, launched
-from train.spec import INT8_BLOCK
 
 # torch >= 2.10 renamed all_gather_into_tensor; the package supports torch from 2.6.
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

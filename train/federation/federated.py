@@ -23,11 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from train.contract.spec import FEDAVG_CHUNK_BYTES
 from train.federation import alignment
 from train.federation.compress import all_gather
 from train.federation.inflight import ExchangeClock
 from train.parallel.parallelize import local
-from train.spec import FEDAVG_CHUNK_BYTES
 
 SUM_BLOCK = 1 << 18  # values of a 16-bit piece summed at a time: 1 MiB of fp32 accumulator
 

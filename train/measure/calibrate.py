@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from train import model as models
-from train.common import FedshardError
+from train.contract.common import FedshardError
 from train.parallel import parallelize
 from train.runtime.launch_env import sync_device
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from train import model as models
-from train.config import TrainConfig
+from train.contract.config import TrainConfig
 from train.measure.calibrate import PHASES, PROBE_REDUCE_DTYPE, CalibrationError, in_turn, spread
 from train.parallel import parallelize, pipeline
 from train.runtime.launch_env import sync_device

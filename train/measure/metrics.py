@@ -16,9 +16,9 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from train.common import write_atomic
+from train.contract.common import write_atomic
+from train.contract.result import PHASES, Stats, StepTimes
 from train.measure import exposed
-from train.result import PHASES, Stats, StepTimes
 
 
 class _Pending(NamedTuple):
@@ -170,7 +170,7 @@ REDUCTIONS = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
 def across_ranks(values: dict[str, tuple[str, float]], device: str) -> dict[str, float | int]:
     """Named per-rank numbers, {name: (max | sum, value)}, reduced over every rank by name: one collective per kind
     of reduction and one host read, after training. An int comes back an int, so the result's fields keep their
-    types; a new measure is one more entry here and its field in train.result."""
+    types; a new measure is one more entry here and its field in train.contract.result."""
     unknown = {kind for kind, _ in values.values()} - set(REDUCTIONS)
     if unknown:
         raise ValueError(f"unknown reduction(s) {sorted(unknown)}; expected one of {', '.join(REDUCTIONS)}")

@@ -4,26 +4,12 @@ slows the steps it records, so a profiled run's step times are not the layout's:
 are written after training, outside the training time."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from train.common import (
-    SpecError,  # torch is imported where a profile starts: the launcher reads window() without it
-    atomic,
-)
+from train.contract.common import atomic  # torch is imported where a profile starts
+from train.contract.config import profile_window
 
 TRACE_DIR = "profile"
-
-
-def window(text: str, steps: int) -> tuple[int, int] | None:
-    """(START, STOP) of train.profile, checked against the run's steps; None for "" (no profiling)."""
-    if text == "":
-        return None
-    found = re.fullmatch(r"(\d+):(\d+)", text)
-    if not found or not int(found.group(1)) < int(found.group(2)) <= steps:
-        raise SpecError(f"train.profile must be START:STOP with 0 <= START < STOP <= train.steps ({steps}), e.g. "
-                        f"2:4 for the third and fourth steps, or \"\" for none; got {text!r}")
-    return int(found.group(1)), int(found.group(2))
 
 
 def trace_name(rank: int) -> str:
@@ -35,7 +21,7 @@ class StepProfiler:
     steps of the window it still runs."""
 
     def __init__(self, text: str, steps: int, device: str):
-        self.window = window(text, steps)
+        self.window = profile_window(text, steps)
         self.device = device
         self.prof = None
         self.stopped = False

@@ -1,6 +1,6 @@
 """The one device mesh (fed, replicate, shard, pp, tp); every process group comes from it.
 
-Rank k sits at coordinate (f, r, s, p, t) in row-major order (train.parallel.dims), so placement is done by choosing
+Rank k sits at coordinate (f, r, s, p, t) in row-major order (train.contract.layout), so placement is done by choosing
 which host runs which rank, never by permuting the mesh (a mesh built from a permuted rank array silently
 breaks DTensor offsets). Dimensions of size 1 are kept, so every sub-mesh exists whatever the layout.
 """
@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from train.parallel.dims import NAMES, Dims
-from train.parallel.strategy import STRATEGIES
+from train.contract.layout import NAMES, STRATEGIES, Layout
 
 
-def build(device_type: str, dims: Dims) -> DeviceMesh:
-    return init_device_mesh(device_type, dims.shape, mesh_dim_names=NAMES)
+def build(device_type: str, layout: Layout) -> DeviceMesh:
+    return init_device_mesh(device_type, layout.shape, mesh_dim_names=NAMES)
 
 
 def data_parallel_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:

@@ -10,7 +10,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from train.config import TrainConfig
+from train.contract.config import TrainConfig
 from train.parallel import checkpointing, pipeline, tensor
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -83,7 +83,7 @@ def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str, reduce_dt
 
 def cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """Module.to(dtype) for floating parameters and buffers, by assignment: Module.to swaps fake tensors in place,
-    which fake tensor mode's own weak references forbid, so the dry-run (train.measure.dryrun) could not build the
+    which fake tensor mode's own weak references forbid, so the dry-run (train.job.dryrun) could not build the
     model. A parameter shared by two modules (tied embeddings) stays shared."""
     done: dict[int, torch.Tensor] = {}
     with torch.no_grad():

@@ -49,7 +49,7 @@ class Stage(nn.Module):
         h = self.model.embed_tokens(x) if self.first else x
         positions = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
         # no position ids: given them without a cache, transformers looks for packed sequences, reading the device
-        # every microbatch (train.measure.dryrun found it); these positions are one sequence per row
+        # every microbatch (train.job.dryrun found it); these positions are one sequence per row
         mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=None, cache=None)
         rotary = self.model.rotary_emb(h, position_ids=positions)
         for layer in self.model.layers.values():

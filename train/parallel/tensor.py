@@ -31,7 +31,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from train.common import SpecError
+from train.contract.common import SpecError
 
 STYLES = {
     "colwise": ColwiseParallel,

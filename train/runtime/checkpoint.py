@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from train.common import SpecError
-from train.spec import ELASTIC, RunSpec, identity, identity_changes
+from train.contract.common import SpecError
+from train.contract.spec import ELASTIC, RunSpec, identity, identity_changes
 
 PREFIX = "step-"
 
@@ -76,19 +76,19 @@ class Checkpointer:
 
     def __init__(self, spec: RunSpec, rank: int):
         self.root = Path(spec.out_dir) / "checkpoints"
-        self.layout = {"strategy": spec.strategy, "F": spec.F, "R": spec.R, "S": spec.S, "A": spec.A}
+        self.layout = {k: getattr(spec.layout, k) for k in ("strategy", "F", "R", "S", "A")}
         self.identity = identity(spec.to_dict())  # what the run's result depends on: a resume must match it
         self.every, self.keep = spec.train.checkpoint_every, spec.train.keep_checkpoints
-        self.A = spec.A  # None unless federated (RunSpec.validate)
+        self.A = spec.layout.A  # None unless federated (RunSpec.validate)
         self.streamed = spec.federated and spec.train.streamed
         if self.streamed:  # a fragment launched every `period` steps lands `delay` steps later
-            self.period, self.delay = spec.A // spec.train.outer_fragments, spec.train.outer_delay
+            self.period, self.delay = spec.layout.A // spec.train.outer_fragments, spec.train.outer_delay
         self.average_optimizer_state = spec.train.average_optimizer_state
         self.rank = rank
-        self.group = f"fed{spec.dims.coords(rank)[0]}"  # this rank's key for per-group parts
+        self.group = f"fed{spec.layout.coords(rank)[0]}"  # this rank's key for per-group parts
         # the optimizer's param_groups are not tensors, so DCP keeps one rank's copy: each stage needs its own
-        self.stage = f"stage{spec.dims.coords(rank)[3]}" if spec.dims.P > 1 else None
-        self.elastic, self.world = spec.train.elastic, spec.dims.dp_world  # one slice of each step's sequences each
+        self.stage = f"stage{spec.layout.coords(rank)[3]}" if spec.layout.P > 1 else None
+        self.elastic, self.world = spec.train.elastic, spec.layout.dp_world  # one slice of each step's sequences each
         self.rank_step_tokens = spec.train.batch_per_rank * spec.train.seq_len
 
     def latest(self) -> Path | None:
@@ -148,7 +148,7 @@ class Checkpointer:
         return {"from": old, "to": self.layout, "at_step": meta["step"], "streams_dropped": max(0, before - self.world)}
 
     def state_dict(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, fedavg=None) -> dict:
-        """What `save` hands DCP after `step` steps (train.measure.dryrun measures what building it holds)."""
+        """What `save` hands DCP after `step` steps (train.job.dryrun measures what building it holds)."""
         outer = fedavg.outer_state() if fedavg is not None else {}
         return self._state(model, optimizer, self.per_group(step), outer)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.common import FedshardError, write_atomic
+from train.contract.common import FedshardError, write_atomic
 
 
 @dataclass

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from train.common import NonFiniteError
-from train.parallel.dims import Dims
+from train.contract.common import NonFiniteError
+from train.contract.layout import Layout
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -28,9 +28,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class Guard:
     """One rank's watch over its loss and gradient shards."""
 
-    def __init__(self, model: torch.nn.Module, mode: str, rank: int, dims: Dims, device: str, mesh: DeviceMesh):
+    def __init__(self, model: torch.nn.Module, mode: str, rank: int, layout: Layout, device: str, mesh: DeviceMesh):
         self.names, self.params = zip(*model.named_parameters())
-        self.mode, self.rank, self.dims, self.device = mode, rank, dims, device
+        self.mode, self.rank, self.layout, self.device = mode, rank, layout, device
         # skip_step agrees within the federation group: the ranks at this rank's federation coordinate
         self.group = mesh[tuple(mesh.mesh_dim_names[1:])]._flatten().get_group() if mode == "skip_step" else None
         self.zero = torch.zeros((), device=device)
@@ -77,7 +77,7 @@ class Guard:
             return
         step, rank, which = min(hits)
         tensor = "the loss" if which == 0 else f"the gradient of {self.names[which - 1]}"
-        group = self.dims.coords(rank)[0]
+        group = self.layout.coords(rank)[0]
         raise NonFiniteError(f"{tensor} was not finite at step {step} on rank {rank} (federation group {group}); "
                              f"the run stopped before {before}, so nothing non-finite was averaged or saved "
                              f"(train.on_nonfinite=skip_step drops such steps instead)")

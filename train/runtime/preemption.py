@@ -20,8 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from train.common import Stopped
-from train.runtime import submitit_compat
+from train.contract import submitit_compat
+from train.contract.common import Stopped
 
 REQUEUE_WAIT_S = 300.0  # on SLURM, tasks other than 0 wait this long for the requeue to end them
 

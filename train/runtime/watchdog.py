@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from train.common import write_atomic
+from train.contract.common import write_atomic
 
 TICK_S = 1.0  # a rank's node-local heartbeat
 NODE_TICK_S = 10.0  # a node's heartbeat in the shared directory

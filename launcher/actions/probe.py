@@ -1,0 +1,225 @@
+"""action=probe: time all_gather, reduce_scatter, all_reduce and broadcast across every topology level, on the
+nodes and in the rank layout of the sweep's widest run, with the backend training uses, and fit latency and
+bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table. The same job then
+calibrates compute (train.measure.calibrate) for every (model, batch, precision) the sweep runs, and times the stage
+step of every tensor- or pipeline-parallel layout it runs in place (train.measure.calibrate_layout): the step-time model
+(placement.steptime) reads them back, for this sweep or, with cluster.probe=FILE, for another.
+
+The job is submitted like a run (submitit, local or SLURM); its task 0 prints a line per (level, collective)
+done, which the launcher echoes while it waits.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import scheduler as schedulers
+from launcher.actions.run import failure_reason
+from launcher.placement import topology
+from launcher.placement.alphabeta import COLLECTIVES, bus_factor, fit
+from launcher.placement.levels import level_groups, traffic
+from launcher.planning import place_runs
+from launcher.prediction import stage_layers, stage_seconds
+from launcher.settings import Settings
+from launcher.submit import task_lines
+from launcher.sweep import expand
+from train.contract.common import ConfigError, SubmitError, write_atomic
+from train.contract.config import TrainConfig
+
+GB = 1e9
+
+
+def sizes(max_bytes: int) -> list[int]:
+    """1 KiB, 4 KiB, ... up to max_bytes: a factor 4 apart, as nccl-tests' -f 4."""
+    out, size = [], 1 << 10
+    while size <= max_bytes:
+        out.append(size)
+        size *= 4
+    return out
+
+
+def workload(run) -> dict:
+    """What a run's compute depends on: its model's shapes, tokens per rank and precision."""
+    t = run.spec.train
+    return {"model": run.spec.model.llama_kwargs, "batch_per_rank": t.batch_per_rank, "seq_len": t.seq_len,
+            "precision": t.precision}
+
+
+def layout(run) -> dict:
+    """What a run's step of compute depends on, measured in place (train.measure.calibrate_layout), pp = tp = 1
+    included: its workload at the batch of one data-parallel rank, its degrees, microbatches and schedule, and how
+    its layers run where that is not the default (activation checkpointing, torch.compile: a probe.json from before
+    they existed still names its layouts)."""
+    t = run.spec.train
+    kernels = {k: v for k, v in (("activation_checkpointing", t.activation_checkpointing), ("compile", t.compile))
+               if v != TrainConfig.__dataclass_fields__[k].default}
+    L = run.spec.layout
+    return {**workload(run), "pp": L.P, "tp": L.T, "microbatches": run.spec.microbatches, "pp_schedule": t.pp_schedule,
+            "sequence_parallel": t.sequence_parallel, **kernels}
+
+
+def distinct(items) -> list[dict]:
+    out = []
+    for item in items:
+        if item not in out:
+            out.append(item)
+    return out
+
+
+def workloads(runs) -> list[dict]:
+    return distinct(workload(run) for run in runs)
+
+
+def layouts(runs) -> list[dict]:
+    return distinct(layout(run) for run in runs)
+
+
+def summarise(raw: dict, topo: dict) -> dict:
+    """probe.json: each (level, collective) with its alpha-beta fit, bus bandwidth, how many of its groups
+    shared the level's busiest link (flows) and so the link's own rate (busbw x flows: what one group alone
+    would get) beside the points; the compute calibration as measured."""
+    groups = level_groups(raw["hosts"], topo["parent"], topo["level"])
+    tree = topology.from_json(topo)
+    flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], tree).values())
+             for name in groups}
+    levels = []
+    for row in raw["levels"]:
+        try:
+            f = fit([tuple(p) for p in row["points"]])
+        except ValueError as exc:  # every size latency-bound (or noise larger than the transfer)
+            raise ConfigError(f"probe: {row['level']} {row['collective']}: {exc}; raise probe.max_bytes (now up "
+                              f"to {row['points'][-1][0]} bytes) so transfers outlast the latency") from None
+        levels.append({**row, "alpha_s": f.alpha_s, "bytes_per_s": f.bytes_per_s,
+                       "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"]),
+                       "flows": flows[row["level"]]})
+        levels[-1]["link_bytes_per_s"] = levels[-1]["bus_bytes_per_s"] * levels[-1]["flows"]
+    return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "barrier_s": raw["barrier_s"],
+            "compute": raw["compute"], "layouts": raw["layouts"]}
+
+
+def table(probe: dict) -> str:
+    lines = [f"{'level':<8} {'collective':<15} {'ranks':>5} {'alpha (us)':>11} {'algbw (GB/s)':>13} "
+             f"{'busbw (GB/s)':>13} {'flows':>5} {'link (GB/s)':>12}"]
+    for e in probe["levels"]:
+        lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
+                     f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5} "
+                     f"{e['link_bytes_per_s'] / GB:>12.4g}")
+    lines.append(f"barrier over all {len(probe['hosts'])} ranks: {probe['barrier_s'] * 1e6:.1f} us (a federated run "
+                 f"pays one per FedAvg, for its non-finite check)")
+    for w in probe["compute"]:
+        per = {k: w["root"][k] + w["model"]["num_hidden_layers"] * w["layer"][k] for k in w["root"]}
+        lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "
+                     f"{w['batch_per_rank']}x{w['seq_len']} tokens, {w['precision']}: forward "
+                     f"{per['forward_s'] * 1e3:.1f} ms, backward {per['backward_s'] * 1e3:.1f} ms, "
+                     f"optimizer (whole model) {per['optimizer_s'] * 1e3:.1f} ms per rank"
+                     + (f"; repeatability: forward+backward within ±{w['spread']['forward_backward']:.1%} over "
+                        f"{len(w['repeats'])} repeats (medians shown)" if "spread" in w else ""))
+    for w in probe.get("layouts", []):
+        n = stage_layers(w, w["model"]["num_hidden_layers"])
+        per = stage_seconds(w, w["model"]["num_hidden_layers"])
+        fb = per["forward_s"] + per["backward_s"]
+        lines.append(f"compute of layout pp={w['pp']} tp={w['tp']} ({w['microbatches']} microbatches, "
+                     f"{w['pp_schedule'] if w['pp'] > 1 else 'no schedule'}"
+                     f"{', sequence-parallel' if w['sequence_parallel'] else ''}), {w['batch_per_rank']}x"
+                     f"{w['seq_len']} tokens per pipeline, {w['precision']}: forward+backward {fb * 1e3:.1f} ms per "
+                     f"stage of {n} layers, in place (tensor and pipeline traffic and bubble included); within "
+                     f"±{w['spread']['forward_backward']:.1%} over {len(w['repeats'])} repeats")
+    return "\n".join(lines)
+
+
+def plot(probe: dict, path: Path) -> Path:
+    """Bus bandwidth against message size, one line per (level, collective)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from launcher.report.plots import line_style, save_png
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, e in enumerate(probe["levels"]):
+        factor = bus_factor(e["collective"], e["ranks"])
+        ax.plot([b for b, _ in e["points"]], [b / t * factor / GB for b, t in e["points"]],
+                label=f"{e['level']} {e['collective']} ({e['ranks']} ranks)", **line_style(i))
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="bus bandwidth (GB/s)",
+           title=f"Probe ({probe['backend']}): bus bandwidth per level")
+    ax.legend(fontsize=6)
+    return save_png(fig, path)
+
+
+@dataclass(frozen=True)
+class ProbeRanks:
+    """Where the probe's ranks run: the planned hosts (cluster=local's virtual nodes) and the topology, the device
+    and backend training uses, and how long a rank waits for the others."""
+    hosts: list[str]
+    topology: dict
+    device: str
+    backend: str
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ProbeWork:
+    """What the probe measures: collectives of `sizes` bytes per level, each point the median of `iters` calls,
+    then the compute of the sweep's `workloads` and the stage steps of its tp or pp `layouts`."""
+    sizes: list[int]
+    iters: int
+    workloads: list[dict]
+    layouts: list[dict]
+
+
+class ProbeJob:
+    """The probe as a picklable job, on every rank like a training run (a task per rank under SLURM, ranks forked by
+    one task locally). The levels are computed where the ranks really are: under SLURM from every rank's
+    SLURMD_NODENAME, else from the planned hosts."""
+
+    PRELOAD = ("train.job.probe",)  # see train.job.TrainJob.PRELOAD
+
+    def __init__(self, ranks: ProbeRanks, work: ProbeWork, out_path: str):
+        self.ranks, self.work, self.out_path = ranks, work, out_path
+
+    def __call__(self) -> None:
+        from train.job.probe import run  # the job's side: torch only where ranks run
+
+        run(self.ranks, self.work, self.out_path, level_groups, COLLECTIVES)
+
+
+def probe(settings: Settings, runs: list | None = None) -> Path:
+    """Run the probe job, echo its progress, fit, write probe.json and probe.png, print the table. `runs`: the
+    sweep's runs when given (a multirun's), else expand(settings); their workloads are calibrated."""
+    cluster, scheduler = settings.cluster, schedulers.of(settings.cluster)
+    scheduler.check_environment()
+    topo, _, _, planned, _ = place_runs(settings, expand(settings) if runs is None else runs)
+    widest = max(planned, key=lambda p: p.run.spec.world_size)
+    folder = settings.sweep_dir / "probe"
+    raw_path = folder / "raw.json"
+    raw_path.unlink(missing_ok=True)
+    tree = topology.to_json(topo)
+    job = ProbeJob(ProbeRanks(widest.placement.hosts, tree, cluster.device, cluster.backend,
+                              widest.run.spec.train.timeout_s),
+                   ProbeWork(sizes(settings.probe.max_bytes), settings.probe.iters,
+                             workloads([p.run for p in planned]), layouts([p.run for p in planned])), str(raw_path))
+    submitted = scheduler.submit_job(scheduler.executor(widest, folder / "submitit"), job, "the probe",
+                                     folder / "submitit")
+    world = widest.run.spec.world_size
+    print(f"probe: job {submitted.job_id} on {world} ranks ({len(widest.placement.nodes)} nodes, placed like "
+          f"{widest.run.run_id})", flush=True)
+    echoed: list[str] = []
+
+    def echo(_state) -> None:  # the probe's progress lines task 0 wrote since the last poll
+        lines = task_lines(submitted, "probe: ")
+        for line in lines[len(echoed):]:
+            print(f"  {line}", flush=True)
+        echoed[:] = lines
+
+    scheduler.wait_for(submitted, world, settings.poll_s, echo)
+    if not raw_path.exists():
+        raise SubmitError(f"the probe job failed: {failure_reason(submitted, world)}")
+    result = summarise(json.loads(raw_path.read_text()), tree)
+    path = settings.sweep_dir / "probe.json"
+    write_atomic(path, json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    print(f"probe written to {path} and {plot(result, settings.sweep_dir / 'probe.png')}")
+    return path
+

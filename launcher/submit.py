@@ -1,0 +1,76 @@
+"""What a SLURM job is asked for (sbatch parameters, the script the plan shows) and where a job's files are;
+launcher.scheduler submits, polls and cancels."""
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from launcher.settings import Cluster
+from launcher.slurm.hostlist import compress
+from launcher.sweep import PlannedRun, Run
+from train.contract import submitit_compat
+from train.contract.common import SubmitError
+
+
+def attempt_folder(run_dir: Path, attempt: int) -> Path:
+    """A submitit folder per attempt: job ids restart on a fresh cluster and must not meet stale outputs."""
+    return run_dir / "submitit" / f"attempt{attempt}"
+
+
+def hostfile_path(run: Run) -> Path:
+    return Path(run.spec.out_dir) / "hostfile"
+
+
+def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
+    """submitit SlurmExecutor parameters (names as sbatch's, underscores for dashes).
+
+    pinned: the planned nodes (--nodelist) and, since an ordered nodelist does not order ranks,
+    a hostfile with `srun --distribution=arbitrary`. in_job: only --nodes, and --switches or --segment
+    as the plan asks (launcher.planning.topology_request); ranks are ordered at job start by PlacedTrainJob.
+    """
+    run = planned.run
+    params = {"job_name": run.run_id, "nodes": run.nodes, "ntasks_per_node": cluster.gpus_per_node,
+              "time": cluster.time_min, "partition": cluster.partition, "setup": list(cluster.setup)}
+    extra = dict(cluster.sbatch_extra)
+    if cluster.placement == "pinned":
+        params["nodelist"] = compress(planned.placement.nodes)
+        params["srun_args"] = ["--distribution=arbitrary"]
+        params["setup"].append(f"export SLURM_HOSTFILE={shlex.quote(str(hostfile_path(run)))}")
+    else:
+        extra = {**planned.topology_request, **extra}
+    if cluster.device == "cuda":
+        params["gpus_per_node"] = cluster.gpus_per_node
+    for key in ("account", "qos", "cpus_per_task", "mem"):
+        if getattr(cluster, key) not in (None, ""):
+            params[key] = str(cluster.mem) if key == "mem" else getattr(cluster, key)
+    known = submitit_compat.slurm_parameter_names()
+    params.update({k: extra.pop(k) for k in list(extra) if k in known})
+    if extra:
+        params["additional_parameters"] = extra
+    return params
+
+
+def sbatch_text(cluster: Cluster, planned: PlannedRun, folder: Path) -> str:
+    """The script submitit would submit for this run (shown by action=plan)."""
+    return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, planned), cluster.python)
+
+
+def require_netns(cluster: Cluster) -> None:
+    """Clusters reachable only from a network namespace (the testbed) refuse clients started elsewhere."""
+    if not cluster.netns:
+        return
+    target = Path("/run/netns") / cluster.netns
+    if not target.exists() or os.stat("/proc/self/ns/net").st_ino != os.stat(target).st_ino:
+        raise SubmitError(f"cluster {cluster.name!r} must be used from network namespace {cluster.netns}: "
+                          f"run `slurm/testbed/lab python -m launcher ...` (is the testbed up?)")
+
+
+def task_lines(job, prefix: str, stream: str = "stdout") -> list[str]:
+    """The lines task 0 of `job` wrote to `stream` that start with `prefix` (its progress); [] before any."""
+    paths = submitit_compat.task_paths(job.paths.folder, job.job_id, 0)
+    try:
+        text = getattr(paths, stream).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip() for line in text.splitlines() if line.startswith(prefix)]

@@ -1,0 +1,43 @@
+"""The probe's work on every rank (launcher.actions.probe submits it, like a run): every collective timed across each
+topology level, the world barrier, the compute of the sweep's workloads (train.measure.calibrate) and the stage
+step of each of its layouts in place (train.measure.calibrate_layout); rank 0 writes them to one raw file."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch.distributed as dist
+
+from train.contract.common import write_atomic
+from train.measure.calibrate import calibrate
+from train.measure.calibrate_layout import calibrate_layouts
+from train.measure.probe import barrier_seconds, measure
+from train.runtime import launch_env
+from train.runtime.ending import leave_when_the_task_ends
+
+
+def run(ranks, work, out_path: str, level_groups, collectives) -> None:
+    """`ranks`: where and how the ranks run (hosts, topology, device, backend, timeout_s); `work`: sizes, iters,
+    workloads, layouts; `level_groups(hosts, parent, level)`: the rank groups per level, computed here from where
+    the ranks really are (every rank's SLURMD_NODENAME under SLURM, else the planned hosts)."""
+    env = launch_env.detect()
+    device = launch_env.pick_device(ranks.device)
+    if device == "cpu":
+        launch_env.limit_cpu_threads(env)
+    out_dir = Path(out_path).parent
+    backend = launch_env.init(env, device, ranks.backend, out_dir, ranks.timeout_s)
+    hosts = [None] * env.world_size
+    dist.all_gather_object(hosts, os.environ.get("SLURMD_NODENAME", ranks.hosts[env.rank]))
+    levels = level_groups(hosts, ranks.topology["parent"], ranks.topology["level"])
+    say = lambda text: print(text, flush=True)  # noqa: E731
+    rows = measure(env.rank, levels, work.sizes, collectives, device, iters=work.iters, progress=say)
+    barrier_s = barrier_seconds(device)
+    compute = calibrate(env.rank, work.workloads, device, iters=work.iters, progress=say)
+    stages = calibrate_layouts(env.rank, work.layouts, device, iters=work.iters, progress=say)
+    launch_env.shutdown(env, out_dir)
+    if env.rank == 0:
+        write_atomic(Path(out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
+                                                 "barrier_s": barrier_s, "compute": compute,
+                                                 "layouts": stages}) + "\n")
+    leave_when_the_task_ends()  # calibrate's fully_shard leaves gloo groups to finalization (train.runtime.ending)
