@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from launcher import dryrun
+from launcher.actions import dryrun
 from tests import forked
 from tests.study_data import RESULTS, table3
 from tests.support import ROOT, clean_env
@@ -261,4 +261,4 @@ def test_the_front_pages_step_time_bullet_includes_the_scaling_sweeps(sweep, kin
     mean = sum(map(abs, errors)) / len(errors)
     quoted = (f"{kind} scaling {sum(abs(e) <= 0.2 for e in errors)} of {len(rows)} within ±20 % (worst "
               f"{worst * 100:+.1f} %, mean |error| {mean * 100:.1f} %)")
-    assert quoted in " ".join((ROOT / "README.md").read_text().split())
+    assert quoted in " ".join((RESULTS / "README.md").read_text().split())

@@ -168,7 +168,7 @@ def test_batch_control_quotes_its_three_rules():
 
 def test_the_readme_findings_quote_the_studies():
     """The front page's findings are the studies' figures, recomputed here, not copies that can drift."""
-    readme = " ".join((RESULTS.parent / "README.md").read_text().split())
+    readme = " ".join((RESULTS / "README.md").read_text().split())
     paper = by_seed("local/precision_paper", strategy="hsdp"), by_seed("local/precision_paper", strategy="fsdp")
     assert f"{cell(ratio('eval_ppl', *paper), 5)} in the authors' bf16" in readme
     speed = [ratio("train_time_s", _agg(s, 1), _agg(s, 16)) for s in ("fl_fsdp", "fl_hsdp")]
