@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +40,19 @@ def config_dirs(argv: list[str]) -> list[str]:
             raise FedshardError(f"{flag} {value}: no such directory")
         dirs.append(f"file://{path}")
     return out + ([f"hydra.searchpath=[{','.join(dirs)}]"] if dirs else [])
+
+
+def home_paths(argv: list[str]) -> list[str]:
+    """Overrides whose value starts with `~` (`init.out=~/fedshard-conf`) with it expanded, as a shell expands
+    `VAR=~/x` but not `init.out=~/x`: Hydra's override grammar has no unquoted `~` in a value (it would answer
+    LexerNoViableAltException). A `~` that starts a key (`~key`, Hydra's delete) is left alone."""
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and not arg.startswith("-") and re.fullmatch(r"~[\w.-]*(/.*)?", value):
+            arg = f"{key}={os.path.expanduser(value)}"
+        out.append(arg)
+    return out
 
 
 def check_words(argv: list[str]) -> None:
@@ -109,7 +123,7 @@ def main(argv: list[str]) -> int:
         if "--version" in argv:
             print(version())
             return 0
-        argv, replayed = record.recorded(config_dirs(argv))
+        argv, replayed = record.recorded(home_paths(config_dirs(argv)))
         check_words(argv)
     except FedshardError as exc:
         print(f"fedshard: error: {exc}", file=sys.stderr)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from launcher.settings import group_options
+from launcher.settings import MULTIRUN_SECTIONS, group_options, sweep_list
 from launcher.sweep import expand
 from train.contract.common import ConfigError
 
 FLAGS = ("-m", "--multirun")
 # what may vary between the runs of one sweep: what is trained, on what data, with what model
-SWEEPABLE = ("train", "model", "data")
+SWEEPABLE = MULTIRUN_SECTIONS
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,14 @@ def split(argv: list[str]) -> tuple[list[str], list[Axis]]:
             continue
         key = override.get_key_element().lstrip("+~")
         if key.split(".")[0] not in SWEEPABLE:
+            listed = sweep_list(key, [str(v) for v in override.sweep_string_iterator()]) \
+                if override.value_type != ValueType.GLOB_CHOICE_SWEEP else None
+            if listed:
+                raise ConfigError(f"{key} cannot be swept with -m: it is one of the sweep's own axes and takes its "
+                                  f"values as one list: {listed} (with or without -m)")
             raise ConfigError(f"{key} cannot be swept with -m: one sweep runs on one cluster into one directory; "
-                              f"sweep train.*, model or data keys, and strategies, A, F and nodes with sweep.*")
+                              f"-m sweeps train.*, model or data keys (python -m launcher -m train.lr=1e-3,1e-4), "
+                              f"and a sweep's strategies, A, F and nodes take lists (sweep.A=[8,16])")
         if override.value_type == ValueType.GLOB_CHOICE_SWEEP:
             options = group_options(key, argv)  # a --config-dir's options too
             values = override.value().filter(options)

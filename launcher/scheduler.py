@@ -27,7 +27,7 @@ from launcher.placement.topology import Topology
 from launcher.settings import Cluster
 from launcher.slurm import jobenv, scontrol
 from launcher.submit import hostfile_path, require_netns, sbatch_text, slurm_parameters
-from launcher.sweep import PlannedRun, Run
+from launcher.sweep import PlannedRun
 from train.contract import submitit_compat
 from train.contract.common import ConfigError, SubmitError, write_atomic
 from train.job import TrainJob
@@ -100,8 +100,9 @@ class Scheduler:
     def submit_job(self, executor, job, name: str, folder: Path):
         raise NotImplementedError
 
-    def reattach(self, run: Run, folder: Path, job_id: str):
-        """The job an earlier launcher submitted for this run, to be watched instead of submitted again."""
+    def reattach(self, tasks: int, folder: Path, job_id: str):
+        """The job of `tasks` tasks an earlier launcher submitted for a run, to be watched instead of submitted
+        again."""
         raise NotImplementedError
 
     def poll(self, job_ids: list[str]) -> dict[str, str | None] | None:
@@ -112,11 +113,11 @@ class Scheduler:
         """(whether the job ended, its state)."""
         raise NotImplementedError
 
-    def live(self, jobs: dict[str, tuple[Run, Path, str]]) -> dict[str, str]:
-        """{run: RUNNING, PENDING, ... or ENDED} of jobs an earlier launcher submitted ({run: (run, folder, id)})."""
+    def live(self, jobs: dict[str, tuple[int, Path, str]]) -> dict[str, str]:
+        """{run: RUNNING, PENDING, ... or ENDED} of jobs an earlier launcher submitted ({run: (tasks, folder, id)})."""
         raise NotImplementedError
 
-    def cancel(self, jobs: dict[str, tuple[Run, Path, str]]) -> None:
+    def cancel(self, jobs: dict[str, tuple[int, Path, str]]) -> None:
         raise NotImplementedError
 
     def nodes(self, job) -> list[str] | None:
@@ -206,17 +207,17 @@ class Local(Scheduler):
         with _stderr_into(folder / "controller.log"):
             return executor.submit(job)
 
-    def reattach(self, run: Run, folder: Path, job_id: str):
-        return ReattachedLocalJob(folder=folder, job_id=job_id, tasks=list(range(run.spec.world_size)))
+    def reattach(self, tasks: int, folder: Path, job_id: str):
+        return ReattachedLocalJob(folder=folder, job_id=job_id, tasks=list(range(tasks)))
 
     def done(self, job, tasks: int, polled: dict | None = None) -> tuple[bool, str]:
         return job.done(), job.state
 
-    def live(self, jobs: dict[str, tuple[Run, Path, str]]) -> dict[str, str]:
+    def live(self, jobs: dict[str, tuple[int, Path, str]]) -> dict[str, str]:
         return {run_id: "RUNNING" if self.reattach(*job).get_info()["jobState"] == "RUNNING" else "ENDED"
                 for run_id, job in jobs.items()}
 
-    def cancel(self, jobs: dict[str, tuple[Run, Path, str]]) -> None:
+    def cancel(self, jobs: dict[str, tuple[int, Path, str]]) -> None:
         for job in jobs.values():
             self.reattach(*job).cancel()
 
@@ -299,8 +300,8 @@ class Slurm(Scheduler):
                       flush=True)
                 time.sleep(SBATCH_WAIT_S)
 
-    def reattach(self, run: Run, folder: Path, job_id: str):
-        return submitit.SlurmJob(folder=folder, job_id=job_id, tasks=list(range(run.spec.world_size)))
+    def reattach(self, tasks: int, folder: Path, job_id: str):
+        return submitit.SlurmJob(folder=folder, job_id=job_id, tasks=list(range(tasks)))
 
     def poll(self, job_ids: list[str]) -> dict[str, str | None]:
         return scontrol.job_states(job_ids)
@@ -310,7 +311,11 @@ class Slurm(Scheduler):
         (squeue: COMPLETING): it is done only once they are gone, so a retry never meets them in the run
         directory. Without accounting submitit (which asks only sacct) is bypassed: a job is done when every task
         left its result pickle, or when squeue/scontrol say it ended (or no longer know it). `polled`: this
-        poll's job states (asked here when absent)."""
+        poll's job states (asked here when absent).
+
+        PREEMPTED, as SLURM means it: submitit counts it unfinished, waiting for a requeue, which PreemptMode=CANCEL
+        never makes; the job ended unless squeue shows it queued or running again (PreemptMode=REQUEUE: SLURM
+        requeued it, the same job resumes). The launcher resubmits an ended one (launcher.actions.run)."""
         job_id = str(job.job_id)
         states = self.poll([job_id]) if polled is None else polled
         if self.accounting:
@@ -320,6 +325,9 @@ class Slurm(Scheduler):
                 if states.get(job_id) not in (None, *FINAL_STATES):
                     return False, states[job_id]
                 return True, job.state
+            if job.state == "PREEMPTED":
+                queued = states.get(job_id)
+                return (True, "PREEMPTED") if queued in (None, *FINAL_STATES) else (False, queued)
             if job.state not in ("UNKNOWN", "NODE_FAIL"):
                 return False, job.state
         elif all(submitit_compat.task_paths(job.paths.folder, job.job_id, task).result_pickle.exists()
@@ -330,12 +338,12 @@ class Slurm(Scheduler):
             return True, state or "VANISHED"
         return False, state
 
-    def live(self, jobs: dict[str, tuple[Run, Path, str]]) -> dict[str, str]:
+    def live(self, jobs: dict[str, tuple[int, Path, str]]) -> dict[str, str]:
         ids = {run_id: str(job_id) for run_id, (_, _, job_id) in jobs.items()}
         states = self.poll(list(ids.values())) if ids else {}
         return {run_id: states.get(job_id) or "ENDED" for run_id, job_id in ids.items()}
 
-    def cancel(self, jobs: dict[str, tuple[Run, Path, str]]) -> None:
+    def cancel(self, jobs: dict[str, tuple[int, Path, str]]) -> None:
         ids = [str(job_id) for _, _, job_id in jobs.values()]
         try:
             proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)

@@ -67,6 +67,13 @@ def scaled_F(F: int, nodes: int, paper_nodes: int | None) -> tuple[int, str]:
     if exact >= 2 and exact != int(exact):
         raise ConfigError(f"F={F} at {paper_nodes} nodes scales to {exact:g} groups at {nodes} nodes; "
                           f"set sweep.F explicitly")
+    if paper_nodes % F:  # no proportion to keep: F=3 of 128 nodes would silently become 2 groups here
+        fits = [str(f) for f in range(2, paper_nodes + 1) if paper_nodes % f == 0]
+        here = [str(f) for f in range(2, nodes + 1) if nodes % f == 0]
+        raise ConfigError(f"sweep.F: F={F} federation groups do not divide sweep.paper_nodes={paper_nodes}, the node "
+                          f"count the sweep's F refers to, so it has no proportion to keep at {nodes} nodes (it would "
+                          f"become {scaled} groups): use an F that divides {paper_nodes} ({', '.join(fits)}), or "
+                          f"sweep.paper_nodes=null and an F that divides {nodes} ({', '.join(here) or 'none'})")
     return scaled, f"F scaled {F}->{scaled} ({paper_nodes}->{nodes} nodes)"
 
 
@@ -191,13 +198,13 @@ def _run(settings: Settings, grid: Layout, nodes: int, note: str, rep: int, poin
                           f"holds at most {cluster.max_ranks} (cluster.max_ranks)")
     train = per_pipeline({**asdict(settings.train), "batch_per_rank": batch}, grid.T, grid.P)
     raw = {"strategy": grid.strategy, "F": grid.F, "R": grid.R, "S": grid.S, "A": grid.A, "out_dir": "pending",
-           "model": settings.model.to_dict(), "data": data_to_dict(settings.data),
-           "train": {**train, "seed": train["seed"] + rep - 1},
+           "model": settings.model.to_dict(), "data": data_to_dict(settings.data), "train": train,
            "device": cluster.device, "backend": cluster.backend, "peak_flops": cluster.peak_flops,
            "axes": dict(point), "repeat": rep, "rank_order": cluster.rank_order}
     try:
         spec = RunSpec.from_dict(raw)  # out_dir follows from the run id
     except FedshardError as exc:
         raise ConfigError(f"{grid.strategy} (F,R,S)=({grid.F},{grid.R},{grid.S}): {exc}") from None
+    spec.train.seed += rep - 1  # checked by the spec first: repeats differ in seed, so they measure spread
     spec.out_dir = str(settings.sweep_dir / spec.run_id)
     return Run(spec=spec, nodes=nodes, note=note)

@@ -72,15 +72,29 @@ def edited_tokenizer(ctx: Ctx) -> None:
     config.write_text(json.dumps({**json.loads(config.read_text()), "model_max_length": 17}))
 
 
-def snapshot(topology: str | None = None, nodes: str | None = None, nodes_file: bool = True):
+def snapshot(topology: str | bytes | None = None, nodes: str | None = None, nodes_file: bool = True):
     """A `slurm/capture.sh` directory at {tmp}/snap: the captured 22.05 cluster unless told otherwise."""
     def prepare(ctx: Ctx):
         snap = ctx.tmp / "snap"
         snap.mkdir()
-        (snap / "topology.txt").write_text(_fixture("show_topology.txt") if topology is None else topology)
+        topology_text = _fixture("show_topology.txt") if topology is None else topology
+        (snap / "topology.txt").write_bytes(topology_text if isinstance(topology_text, bytes)
+                                            else topology_text.encode())
         if nodes_file:
             (snap / "nodes.txt").write_text(_fixture("show_node_oneliner.txt") if nodes is None else nodes)
     return prepare
+
+
+def node_lines(first: int, cut: str | None = None, rest: int | None = None, again: int | None = None) -> str:
+    """The captured nodes.txt: its first `first` lines, then (`cut`) the next line up to that field and the 5
+    characters after its '=', then the lines from `rest` on; `again`: that line once more at the end."""
+    lines = _fixture("show_node_oneliner.txt").splitlines(keepends=True)
+    text = "".join(lines[:first])
+    if cut is not None:
+        text += lines[first][:lines[first].index(f" {cut}=") + len(cut) + 7]
+    if rest is not None:
+        text += "\n" + "".join(lines[rest:])
+    return text + (lines[again] if again is not None else "")
 
 
 def topoconf(ctx: Ctx):
@@ -195,6 +209,21 @@ def cluster_file(name: str, base: str = "local", drop: str | None = None, name_l
     return prepare
 
 
+def cluster_file_bytes(name: str, old: bytes, new: bytes):
+    """{tmp}/site/cluster/NAME.yaml: conf/cluster/slurm.yaml with `old` replaced by `new` (a syntax error, another
+    encoding), as a file init_cluster wrote and its user then edited (--config-dir {tmp}/site)."""
+    def prepare(ctx: Ctx):
+        (ctx.tmp / "site" / "cluster").mkdir(parents=True)
+        text = (ROOT / "conf" / "cluster" / "slurm.yaml").read_bytes()
+        (ctx.tmp / "site" / "cluster" / f"{name}.yaml").write_bytes(text.replace(old, new, 1))
+    return prepare
+
+
+def a_file(ctx: Ctx):
+    """{tmp}/afile: a regular file where a directory is expected."""
+    (ctx.tmp / "afile").write_text("")
+
+
 def both(*steps):
     def prepare(ctx: Ctx):
         for step in steps:
@@ -220,6 +249,10 @@ UNKNOWN_CHILD = ("SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]\n"
 CYCLE = ("SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=lrdn[0001-0004]\n"
          "SwitchName=cellA Level=1 LinkSpeed=1 Switches=leaf01,cellB\n"
          "SwitchName=cellB Level=1 LinkSpeed=1 Switches=cellA\n")
+# conf/cluster/slurm.yaml's line of a key, 1-based: where a YAML error in an edited copy is reported
+TEMPLATE = (ROOT / "conf" / "cluster" / "slurm.yaml").read_text().splitlines()
+TEMPLATE_LINE = {key: next(n for n, line in enumerate(TEMPLATE, 1) if line.startswith(f"{key}:"))
+                 for key in ("partition", "account")}
 
 
 def launcher(*args):
@@ -250,6 +283,16 @@ CASES = [
     ("cluster-file-copied-name", launcher("-cd", "{tmp}/site", "cluster=mine", "cluster.partition=gpu"),
      "cluster file mine.yaml says name: slurm, so its results would go under slurm/ (a copy of slurm.yaml?)",
      cluster_file("mine", base="slurm", name_line="name: slurm")),
+    ("cluster-file-yaml-syntax", launcher("--config-dir", "{tmp}/site", "cluster=mine", "action=plan"),
+     f"{{tmp}}/site/cluster/mine.yaml:{TEMPLATE_LINE['partition'] + 1}:1: expected ',' or ']', but got '<scalar>' "
+     f"(while parsing a flow sequence, begun at line {TEMPLATE_LINE['partition']}, column 12)",
+     cluster_file_bytes("mine", b"partition: ???", b"partition: [gpu")),
+    ("cluster-file-not-utf8", launcher("--config-dir", "{tmp}/site", "cluster=mine", "action=plan"),
+     f"{{tmp}}/site/cluster/mine.yaml:{TEMPLATE_LINE['account']}:13: not UTF-8 text (byte 0xe9)",
+     cluster_file_bytes("mine", b"account: null", b"account: caf\xe9")),
+    ("init-out-is-a-file", launcher("action=init_cluster", "init.name=lab", "init.out={tmp}/afile",
+                                    "cluster.snapshot={tmp}/snap"),
+     "init.out={tmp}/afile: {tmp}/afile is a file, not a directory", both(snapshot(), a_file)),
     ("host-memory-8b-local", launcher("sweep=paper_table3", "model=llama3_8b", "action=plan"),
      "available (MemAvailable)", None),
     ("unknown-override-key", launcher("train.bogus=1"), "Could not override 'train.bogus': no such key", None),
@@ -335,10 +378,19 @@ CASES = [
      "wandb.mode must be one of offline, online, disabled", None),
     # ---- layouts, A, F, sizes
     ("A-below-1", launcher("sweep.A=[0]"), "A (aggregation period in steps) must be an integer >= 1, got 0", None),
+    ("sweep-axis-with-commas", launcher("sweep.A=8,16"), "sweep.A is one of the sweep's own axes and takes its values "
+                                                         "as one list: sweep.A=[8,16] (no -m)", None),
+    ("sweep-axis-swept-with-m", launcher("-m", "sweep.A=8,16"), "sweep.A cannot be swept with -m: it is one of the "
+                                                                "sweep's own axes and takes its values as one list: "
+                                                                "sweep.A=[8,16] (with or without -m)", None),
     ("F-not-dividing-nodes", launcher("sweep=paper_table3", "sweep.F=[3]", "sweep.paper_nodes=null"),
      "F=3 federation groups must be >= 2 and divide the 4 nodes", None),
     ("F-scales-to-fraction", launcher("sweep=paper_table3", "sweep.F=[80]"),
      "F=80 at 128 nodes scales to 2.5 groups at 4 nodes", None),
+    ("F-not-dividing-paper-nodes", launcher("sweep=paper_table3", "sweep.F=[3]"),
+     "F=3 federation groups do not divide sweep.paper_nodes=128, the node count the sweep's F refers to, so it has no "
+     "proportion to keep at 4 nodes (it would become 2 groups): use an F that divides 128 (2, 4, 8, 16, 32, 64, 128), "
+     "or sweep.paper_nodes=null and an F that divides 4 (2, 4)", None),
     ("too-many-ranks", launcher("sweep=paper_table3", "cluster.max_ranks=4"),
      "needs 8 ranks but cluster 'local' holds at most 4", None),
     ("too-many-nodes", launcher("sweep.nodes=[64]"), "asks for 64 nodes but cluster 'local' has 4", None),
@@ -368,6 +420,9 @@ CASES = [
      "cluster.sbatch_extra key 'x y' is not an sbatch option name", None),
     ("sbatch-option-value", launcher("cluster=leonardo", "+cluster.sbatch_extra.comment={a: 1}", "action=plan"),
      "cluster.sbatch_extra.comment must be a single value", None),
+    ("mem-without-unit", launcher("cluster=leonardo", "cluster.mem=480", "action=plan"),
+     "cluster.mem=480 has no unit, so sbatch reads 480 MB per node: under 1 GB for each of its 4 tasks: write the "
+     "unit, cluster.mem=480G for gigabytes", None),
     # ---- results paths stay inside results_dir
     ("sweep-name-slash", launcher("sweep.name=../escape", "action=plan"), "sweep.name '../escape' must be a plain "
                                                                           "directory name", None),
@@ -406,6 +461,24 @@ CASES = [
      snapshot(nodes=_fixture("show_node_oneliner.txt").replace("State=IDLE", "State=SLEEPY", 1))),
     ("nodes-not-in-topology", launcher(*SNAP), "no node of `scontrol show node` appears in the topology",
      snapshot(nodes="NodeName=other1 State=IDLE Gres=gpu:4 Partitions=boost_usr_prod\n")),
+    ("snapshot-line-cut-short", launcher(*SNAP, "cluster.placement=pinned"),
+     "snapshot file {tmp}/snap/nodes.txt: line 9 ends without a line break, so the file was cut short inside it",
+     snapshot(nodes=node_lines(8, cut="ThreadsPerCore"))),
+    ("snapshot-record-cut-short", launcher(*SNAP), "snapshot file {tmp}/snap/nodes.txt: line 9: the record of node "
+     "lrdn0009 stops at ThreadsPerCore= where the capture's other records go on (TmpDisk=, Weight=, Owner=, ...)",
+     snapshot(nodes=node_lines(8, cut="ThreadsPerCore", rest=9))),
+    ("snapshot-nodes-missing", launcher(*SNAP, "cluster.placement=pinned"),
+     "snapshot file {tmp}/snap/nodes.txt has no record of 8 of the 16 nodes {tmp}/snap/topology.txt names "
+     "(lrdn[0009-0016]; lrdn0009 is on its line 3)", snapshot(nodes=node_lines(8))),
+    ("snapshot-nodes-empty", launcher(*SNAP, "cluster.gpus_per_node=8"),
+     "snapshot file {tmp}/snap/nodes.txt holds no node record, but {tmp}/snap/topology.txt names 16 nodes",
+     snapshot(nodes="")),
+    ("snapshot-node-twice", launcher(*SNAP),
+     "snapshot file {tmp}/snap/nodes.txt: line 17: a second record of node lrdn0004 (the first is on line 4)",
+     snapshot(nodes=node_lines(16, again=3))),
+    ("snapshot-not-utf8", launcher(*SNAP),
+     "snapshot file {tmp}/snap/topology.txt: line 6 is not UTF-8 text (byte 0xff at column 16)",
+     snapshot(topology=_fixture("show_topology.txt").encode().replace(b"cell2", b"cell\xff2"))),
     ("gpus-per-node-not-the-nodes", launcher(*SNAP, "cluster.gpus_per_node=8"),
      "cluster.gpus_per_node=8 but the nodes of partition boost_usr_prod have 4 GPUs (scontrol's Gres)", snapshot()),
     ("partition-not-on-cluster", launcher(*SNAP, "cluster.partition=gpu"),

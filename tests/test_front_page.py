@@ -168,6 +168,8 @@ def test_the_front_page_keeps_its_commands_its_plot_and_its_links():
     text = (ROOT / FRONT).read_text()
     assert "\n    pip install torch==2.13.0 -e '.[test]' && python -m pytest -q\n" in text
     assert "\n    pip install torch==2.13.0 -e . && python -m launcher sweep=paper_table3\n" in text
+    loop = text.split('\n    python -m pytest -q -m "not slow"\n')[0].rsplit("\n\n", 1)[1]
+    assert "`.[test]`" in loop, loop  # the development loop's pytest comes with the test extra (issue 57)
     assert "](results/testbed/testbed_table3/phases.png)" in text and "](results/README.md)" in text
     assert "validated" not in text.lower()  # the step-time model passes none of its registered validations
 

@@ -45,7 +45,31 @@ def test_plan_of_a_multirun_is_one_plan_with_every_point(tmp_path):
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         assert main(["sweep=smoke", "train.lr=1e-3,1e-4", "action=plan", f"results_dir={tmp_path}"]) == 2
-    assert "only in a multirun (python -m launcher -m ...)" in err.getvalue()
+    assert "only in a multirun: python -m launcher -m ... train.lr=1e-3,1e-4" in err.getvalue()
+
+
+@pytest.mark.parametrize("argv, message, works", [
+    (["sweep.A=8,16"], "sweep.A=8,16: sweep.A is one of the sweep's own axes and takes its values as one list: "
+                       "sweep.A=[8,16] (no -m)", "sweep.A=[8,16]"),
+    (["-m", "sweep.A=8,16"], "sweep.A cannot be swept with -m: it is one of the sweep's own axes and takes its "
+                             "values as one list: sweep.A=[8,16] (with or without -m)", "sweep.A=[8,16]"),
+    (["-m", "sweep.strategies=fsdp,hsdp"], "takes its values as one list: sweep.strategies=[fsdp,hsdp]",
+     "sweep.strategies=[fsdp,hsdp]"),
+    (["cluster.nodes=2,4"], "cluster.nodes takes one value; a multirun (-m) sweeps only train, model, data keys",
+     None),
+    (["-m", "cluster=local,testbed"], "-m sweeps train.*, model or data keys (python -m launcher -m train.lr=", None),
+])
+def test_multirun_guidance_names_the_form_that_works_and_never_sends_you_back(argv, message, works, tmp_path):
+    """Issue 57: `sweep.A=8,16` sent users to -m, and -m sent them back; each message now names what works, and
+    that works, with or without -m."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main([*argv, "action=plan", f"results_dir={tmp_path}"]) == 2
+    assert message in err.getvalue()
+    for flags in (([], ["-m"]) if works else ()):
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert main([*flags, works, "train.eval_every=0", "action=plan",
+                         f"results_dir={tmp_path / str(len(flags))}"]) == 0
 
 
 @pytest.mark.slow

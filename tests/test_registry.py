@@ -3,10 +3,11 @@ import json
 from types import SimpleNamespace
 
 from launcher.records.registry import Registry, before, load
+from train.contract.layout import Layout
 
 
 def entry(run_id, step):
-    return SimpleNamespace(run_id=run_id, strategy="fsdp", F=1, R=1, S=4, A=None, model={"preset": "tiny"},
+    return SimpleNamespace(run_id=run_id, layout=Layout("fsdp", 1, 1, 4), model={"preset": "tiny"},
                            train={"seq_len": 32}, predicted_step_s=step, predicted_step_bounds_s=[step / 2, step],
                            predicted_compute_s=step / 4, predicted_comm_by_group_s={"shard": step / 2},
                            compute_source="measured by the probe")

@@ -5,6 +5,7 @@ anything missing is a failure; elsewhere these tests skip and say why.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -192,10 +193,12 @@ RESUME_SWEEP = ["sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5", "s
 RESUME_RUN = "fl_fsdp-F2-R1-S2-A2"
 
 
-def _sweep_with_fault(results: Path, fault) -> tuple[str, dict]:
-    """Run the resume sweep; once step 20 is checkpointed, apply fault(job_id). Returns stdout and the entry."""
+def _sweep_with_fault(results: Path, fault, *overrides: str) -> tuple[str, dict]:
+    """Run the resume sweep (with `overrides` after its own); once step 20 is checkpointed, apply fault(job_id).
+    Returns stdout and the entry."""
     _wait_idle()
-    launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, f"results_dir={results}"],
+    launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, *overrides,
+                                 f"results_dir={results}"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for((results / "testbed" / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists,
              "the step-20 checkpoint", alive=lambda: launcher.poll() is None)
@@ -231,6 +234,78 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     assert result.resumed_from_step >= 20
     assert lab("scontrol", "show", "job", entry["job_id"]).stdout.count("Restarts=1") == 1
     assert losses(run_dir) == reference
+
+
+def _sacct(job: str) -> str:
+    """What submitit reads of a job: sacct's JobID, State and NodeList (tests/fixtures/job_states/ has these
+    lines written by hand; the ones printed here are the testbed's own, to replace them with)."""
+    return lab("sacct", "-j", job, "-o", "JobID,State,NodeList", "--parsable2").stdout
+
+
+@pytest.mark.slow
+def test_a_preempted_job_resumes_without_spending_a_retry(testbed, tmp_path):
+    """PREEMPTED as SLURM means it (issue 57; submitit #1770). The testbed preempts by partition priority with
+    PreemptMode=CANCEL (slurm/testbed/testbed.py): after the run's step-20 checkpoint a job of a higher-priority
+    partition takes every node, SLURM ends the run's job PREEMPTED, and the launcher (retries=0, so a preemption
+    counted as a failure would end the sweep FAILED) submits the run again at once; attempt 2 resumes from its
+    checkpoint and ends with the losses of the same run trained uninterrupted."""
+    jobs = []
+
+    def preempt(job: str) -> None:
+        jobs.append(job)
+        lab("sbatch", "-p", "urgent", "-N", "4", "-J", "urgent", "--wrap", "sleep 5").check_returncode()
+        wait_for(lambda: lab("sacct", "-j", job, "-X", "-n", "-P", "-o", "State").stdout.strip() == "PREEMPTED",
+                 "sacct to record the run's job PREEMPTED", 120)
+
+    lab("scontrol", "create", "PartitionName=urgent", "Nodes=tb[1-4]", "PriorityTier=10", "MaxTime=INFINITE",
+        "State=UP").check_returncode()
+    try:
+        out, entry = _sweep_with_fault(tmp_path / "preempted", preempt, "retries=0")
+    finally:
+        lab("scontrol", "delete", "PartitionName=urgent")
+    print(_sacct(jobs[0]))
+    assert "was preempted (SLURM: PREEMPTED); resubmitting it to resume from its last checkpoint" in out
+    assert "retrying" not in out and "run(s) failed" not in out and ": FAILED" not in out, out[-3000:]
+    assert (entry["state"], entry["attempts"], entry["preemptions"]) == ("COMPLETED", 2, 1), entry
+    run_dir = tmp_path / "preempted" / "testbed" / "smoke" / RESUME_RUN
+    assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
+    uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")
+    assert losses(run_dir) == losses(tmp_path / "reference")
+
+
+@pytest.mark.slow
+def test_a_node_failure_is_named_and_retried(testbed, tmp_path):
+    """NODE_FAIL as SLURM means it (issue 57): one node of the run's job goes down after its step-20 checkpoint.
+    The job may not be requeued (--no-requeue; SLURM's own requeue after a node loss is
+    test_a_node_lost_mid_run_shrinks_the_federation...'s path), so SLURM ends it NODE_FAIL; the launcher names the
+    node failure and the node, and retries the run (retries=1) on the nodes left, from its checkpoint."""
+    from launcher.slurm.hostlist import expand
+
+    jobs, down = [], []
+
+    def fail_a_node(job: str) -> None:
+        jobs.append(job)
+        listed = re.search(r"\bNodeList=(\S+)", lab("scontrol", "-o", "show", "job", job).stdout).group(1)
+        down.append(expand(listed)[-1])  # not the batch host, which SLURM lists first
+        lab("scontrol", "update", f"nodename={down[0]}", "state=down", "reason=fedshard-node-fail-test") \
+            .check_returncode()
+        wait_for(lambda: lab("sacct", "-j", job, "-X", "-n", "-P", "-o", "State").stdout.strip() == "NODE_FAIL",
+                 "sacct to record the run's job NODE_FAIL", 120)
+
+    try:
+        out, entry = _sweep_with_fault(tmp_path / "node_fail", fail_a_node, "+cluster.sbatch_extra.no_requeue=true")
+    finally:
+        for node in down:
+            lab("scontrol", "update", f"nodename={node}", "state=resume")
+    print(_sacct(jobs[0]))
+    failed = next(line for line in out.splitlines() if f"{RESUME_RUN}: FAILED" in line)
+    assert "node failure (SLURM: NODE_FAIL)" in failed and f"lost node(s) {down[0]}" in failed, failed
+    assert "retrying 1 failed run(s)" in out and "not retrying" not in out
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 2 and down[0] not in entry["nodes"], entry
+    run_dir = tmp_path / "node_fail" / "testbed" / "smoke" / RESUME_RUN
+    assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
+    uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")
+    assert losses(run_dir) == losses(tmp_path / "reference")
 
 
 SHRINK_RUN = "fl_fsdp-F4-R1-S2-A2"

@@ -72,6 +72,10 @@ def lines(settings: Settings, runs: list[Run], made: Plan, scripts: list[Path]) 
     out = [f"sweep {settings.sweep.name} on cluster {settings.cluster.name} ({made.source}): {len(entries)} run(s)"]
     out += [f"  {line}" for line in header(settings, runs)
             + schedulers.of(settings.cluster).job_environment(settings.results_dir)]
+    if settings.cluster.device == "cuda" and not settings.cluster.gpu_memory_GB:
+        out.append("  WARNING: memory per device NOT checked: cluster.gpu_memory_GB is null (unknown), so no layout is "
+                   "refused for not fitting: set it to your GPUs' memory in GB (e.g. cluster.gpu_memory_GB=80 for "
+                   "an H100 80 GB)")
     if nodes["excluded"] or nodes["note"]:
         why = "; ".join(f"{n} {reason} ({', '.join(nodes['examples'][reason])}{', ...' if n > 3 else ''})"
                         for reason, n in nodes["excluded"].items())
@@ -171,12 +175,16 @@ def output_dir(settings: Settings, store: Store) -> Path:
 
 
 def write_scripts(out: Path, entries: list[PlanEntry]) -> list[Path]:
-    """Each SLURM run's sbatch script as scripts/<run_id>.sbatch beside plan.json, to read before submitting."""
+    """Each SLURM run's sbatch script as scripts/<run_id>.sbatch beside plan.json, to read before submitting; the
+    scripts of runs this plan no longer has (an earlier plan of other layouts) are removed, so that scripts/ is
+    this plan's."""
     paths = []
     for e in entries:
         if e.sbatch is not None:
             paths.append(out / "scripts" / f"{e.run_id}.sbatch")
             write_atomic(paths[-1], e.sbatch + "\n")
+    for stale in sorted(set((out / "scripts").glob("*.sbatch")) - set(paths)):
+        stale.unlink()
     return paths
 
 

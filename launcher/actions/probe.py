@@ -26,6 +26,7 @@ from launcher.submit import task_lines
 from launcher.sweep import expand
 from train.contract.common import ConfigError, SubmitError, write_atomic
 from train.contract.config import TrainConfig
+from train.contract.machine import label
 
 GB = 1e9
 
@@ -78,7 +79,8 @@ def layouts(runs) -> list[dict]:
 def summarise(raw: dict, topo: dict) -> dict:
     """probe.json: each (level, collective) with its alpha-beta fit, bus bandwidth, how many of its groups
     shared the level's busiest link (flows) and so the link's own rate (busbw x flows: what one group alone
-    would get) beside the points; the compute calibration as measured."""
+    would get) beside the points; the compute calibration as measured; the machine rank 0 ran on
+    (train.contract.machine; null in a raw file written before it was recorded)."""
     groups = level_groups(raw["hosts"], topo["parent"], topo["level"])
     tree = topology.from_json(topo)
     flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], tree).values())
@@ -95,7 +97,7 @@ def summarise(raw: dict, topo: dict) -> dict:
                        "flows": flows[row["level"]]})
         levels[-1]["link_bytes_per_s"] = levels[-1]["bus_bytes_per_s"] * levels[-1]["flows"]
     return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "barrier_s": raw["barrier_s"],
-            "compute": raw["compute"], "layouts": raw["layouts"]}
+            "compute": raw["compute"], "layouts": raw["layouts"], "machine": raw.get("machine")}
 
 
 def table(probe: dict) -> str:
@@ -105,6 +107,7 @@ def table(probe: dict) -> str:
         lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
                      f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5} "
                      f"{e['link_bytes_per_s'] / GB:>12.4g}")
+    lines.append(f"machine (rank 0): {label(probe.get('machine'))}")
     lines.append(f"barrier over all {len(probe['hosts'])} ranks: {probe['barrier_s'] * 1e6:.1f} us (a federated run "
                  f"pays one per FedAvg, for its non-finite check)")
     for w in probe["compute"]:

@@ -9,7 +9,7 @@ from launcher import scheduler as schedulers
 from launcher.actions.plan import plan
 from launcher.planning import place_one, usable_nodes
 from launcher.prediction import probe_file
-from launcher.records.lock import SweepLock
+from launcher.records.lock import SweepLock, cancel_requested, clear_cancel
 from launcher.records.record import record
 from launcher.records.registry import FILE, Registry
 from launcher.records.store import FINAL, Store
@@ -21,17 +21,24 @@ from launcher.submit import attempt_folder
 from launcher.sweep import PlannedRun, Run, expand
 from train.contract import submitit_compat
 from train.contract.common import AlignmentError, DataError, NonFiniteError, SpecError
+from train.contract.machine import host_digest
 from train.contract.result import RunResult
 
 # Failures that fail the same way on a second try: the job's spec, data or layout is wrong, or its values went
 # non-finite (a rerun resumes from the same checkpoint with the same data). Anything else
 # (a node failure, pre-emption, a timeout, a rendezvous that did not come up, a killed task) is retried.
 DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentError, NonFiniteError))
+# SLURM ended the job because a node failed: whatever the surviving tasks wrote, another attempt may pass
+NODE_FAILURE = "node failure (SLURM: NODE_FAIL)"
+# A job SLURM preempted (PREEMPTED: PreemptMode=CANCEL, or a requeue that did not happen) is resubmitted to resume
+# from its checkpoint; it is neither a failure nor a retry. Past this many in one invocation it counts as a failure.
+MAX_PREEMPTIONS = 10
 
 
 def retryable(reason: str) -> bool:
-    """Whether a failed run may pass on another attempt, from the error line its tasks left."""
-    return not any(f"{name}:" in reason for name in DETERMINISTIC)
+    """Whether a failed run may pass on another attempt, from the error line its tasks left (and a node failure's
+    name, which the launcher puts before it)."""
+    return NODE_FAILURE in reason or not any(f"{name}:" in reason for name in DETERMINISTIC)
 
 
 def failure_reason(job, tasks: int) -> str:
@@ -67,6 +74,10 @@ class Sweeper:
         self.live: dict[str, wandb_log.LiveRun] = {}  # W&B runs fed while their jobs train
         self.submitted_at: dict[str, float] = {}  # run -> when this invocation submitted it (monotonic)
         self.overheads: list[float] = []  # finished runs' wall time outside training: start-up, evaluation, teardown
+        self.ids: set[str] = set()  # the sweep's runs (run_sweep), which the progress line counts
+        self.planned: dict[str, PlannedRun] = {}  # what each run was last submitted as (a preempted one goes again)
+        self.preempted: dict[str, int] = {}  # run -> times SLURM preempted it in this invocation
+        self.cancelled = False  # action=cancel asked this sweep to stop (launcher.records.lock): nothing more goes
 
     def launch(self, planned: PlannedRun) -> None:
         run = planned.run
@@ -86,7 +97,8 @@ class Sweeper:
         # a new attempt: the last one's failure (reason, scheduler_state) no longer describes the run
         self.store.record(run.run_id, job_id=str(job.job_id), state="SUBMITTED", attempts=attempt,
                           cluster=self.cluster.name, rank_order=self.cluster.rank_order, nodes=[], reason=None,
-                          scheduler_state=None)
+                          scheduler_state=None, submitted_from=host_digest())
+        self.planned[run.run_id] = planned
         self.lost.pop(run.run_id, None)
         self.submitted_at[run.run_id] = time.monotonic()
         self._watch(run, job)
@@ -100,7 +112,7 @@ class Sweeper:
             if entry.get("state") in FINAL or not entry.get("job_id"):
                 continue
             folder = attempt_folder(self.settings.sweep_dir / run.run_id, entry["attempts"])
-            self._watch(run, self.scheduler.reattach(run, folder, entry["job_id"]))
+            self._watch(run, self.scheduler.reattach(run.spec.world_size, folder, entry["job_id"]))
             print(f"reattached {run.run_id} to job {entry['job_id']} (attempt {entry['attempts']}), "
                   f"submitted by an earlier launcher", flush=True)
 
@@ -120,7 +132,7 @@ class Sweeper:
     def _progress(self) -> str:
         running = [progress.Running(run_id, *progress.last_step(self.settings.sweep_dir / run_id),
                                     run.spec.train.steps) for run_id, (run, _) in self.running.items()]
-        done = sum(self.store.state(r) in FINAL for r in self.store.entries)
+        done = sum(self.store.finished(r) for r in (self.ids or self.store.entries))  # not a run failed or cancelled
         overhead = sum(self.overheads) / len(self.overheads) if self.overheads else None
         return progress.line(time.monotonic() - self.started, done, self.total, running,
                              [r.spec.train.steps for r in self.queued], self.sequential, overhead)
@@ -149,8 +161,18 @@ class Sweeper:
                     if run_id in self.submitted_at and not result.resumed_from_step:
                         self.overheads.append(time.monotonic() - self.submitted_at[run_id] - result.train_time_s)
                     self._settle_live(run_id, result)
+                elif self._stopping():
+                    self.store.record(run_id, state="CANCELLED", reason="cancelled by action=cancel",
+                                      scheduler_state=state)
+                    self.failed.pop(run_id, None)
+                    self._settle_live(run_id, None)
+                elif state == "PREEMPTED" and self.preempted.get(run_id, 0) < MAX_PREEMPTIONS:
+                    self._preempted(run_id, job, state)
+                    continue
                 else:
                     reason = failure_reason(job, run.spec.world_size)
+                    if state == "NODE_FAIL":
+                        reason = f"{NODE_FAILURE}: {reason}"
                     if self._lost(run_id):
                         reason = f"lost node(s) {', '.join(self.lost[run_id])}: {reason}"
                     self.store.record(run_id, state="FAILED", reason=reason, scheduler_state=state)
@@ -166,6 +188,22 @@ class Sweeper:
                 print(self._progress(), flush=True)
             if self.running:
                 time.sleep(self.scheduler.poll_interval(self.settings.poll_s))
+
+    def _stopping(self) -> bool:
+        """Whether action=cancel asked this sweep to stop (it stays stopped for the rest of this invocation)."""
+        self.cancelled = self.cancelled or cancel_requested(self.settings.sweep_dir)
+        return self.cancelled
+
+    def _preempted(self, run_id: str, job, state: str) -> None:
+        """SLURM preempted the job and did not requeue it: the same run goes again at once, as a new attempt that
+        resumes from its last checkpoint; no retry is spent on it, and the manifest counts the preemptions."""
+        job.cancel(check=False)  # had SLURM been about to requeue it after all, the resubmission stands alone
+        self.preempted[run_id] = self.preempted.get(run_id, 0) + 1
+        count = self.store.entries.get(run_id, {}).get("preemptions", 0) + 1
+        self.store.record(run_id, state="PREEMPTED", scheduler_state=state, preemptions=count)
+        print(f"{run_id}: job {job.job_id} was preempted (SLURM: PREEMPTED); resubmitting it to resume from its "
+              f"last checkpoint (not a failure: no retry is spent)", flush=True)
+        self.launch(self.planned[run_id])
 
     def _changed(self, run_id: str, job, state: str) -> None:
         """Record a job's new state, and where it runs. SLURM requeues a batch job whose node went down; it then
@@ -231,15 +269,23 @@ class Sweeper:
         """Local (or `sequential`) runs go one at a time, as they share hardware; others are submitted together.
         `total`: the sweep's run count, where these runs are only its first part (sweep.target=reference)."""
         self.total = total or len(planned)
+        self.planned.update({p.run.run_id: p for p in planned})
         todo = [p for p in planned if not self.store.finished(p.run.run_id)]
         for p in planned:
             if p not in todo:
-                print(f"skipped {p.run.run_id}: finished earlier", flush=True)
+                elsewhere = self.store.elsewhere(p.run.run_id)
+                print(f"skipped {p.run.run_id}: finished earlier"
+                      + (f" {elsewhere}: its numbers are reused, not measured here" if elsewhere else ""),
+                      flush=True)
+        if self._stopping():
+            return
         self.reattach([p.run for p in todo])
         if self.running:
             self.wait(len(self.running))
             todo = [p for p in todo if not self.store.finished(p.run.run_id)]
         for attempt in range(1 + self.settings.retries):
+            if self._stopping():
+                break
             if attempt:
                 failed = [p for p in todo if p.run.run_id in self.failed]
                 for p in failed:
@@ -255,10 +301,14 @@ class Sweeper:
             if self.sequential:
                 self.queued = [p.run for p in todo]
                 for p in todo:
+                    if self._stopping():  # a cancel stops the sweep: the runs still queued are not submitted
+                        break
                     self.launch(p)
                     self.wait(len(todo))
             else:
                 for p in todo:
+                    if self._stopping():
+                        break
                     self.launch(p)
                 self.wait(len(todo))
 
@@ -280,11 +330,13 @@ def run_sweep(settings: Settings, runs: list[Run] | None = None, command: list[s
     Store(settings.sweep_dir).check_same_experiment([r.spec for r in runs], settings.cluster.name,
                                                         settings.cluster.rank_order)
     with SweepLock(settings.sweep_dir):
+        clear_cancel(settings.sweep_dir)  # a request left by a cancel whose launcher had gone is not for this one
         planned, entries = plan(settings, runs, echo=False)
         if command is not None:
             record(settings.sweep_dir, command)
         sweeper = Sweeper(settings, Registry(settings.sweep_dir, entries, settings.cluster.rank_order,
                                              probe_file(settings)))
+        sweeper.ids = {r.run_id for r in runs}
         try:
             if target is not None and target.declared is None:
                 _run_reference_first(sweeper, planned, target)
@@ -293,19 +345,31 @@ def run_sweep(settings: Settings, runs: list[Run] | None = None, command: list[s
         except KeyboardInterrupt:
             sweeper.cancel_running()
             raise
+        finally:
+            clear_cancel(settings.sweep_dir)
         results = finished(sweeper.store, settings.sweep_dir, runs)
         if results:
             markdown, written = write_report(settings.sweep_dir, results, settings.cluster, settings.sweep.scaling)
             print(markdown)
             print(outputs(settings.sweep_dir, written))
+            elsewhere = [r.run_id for r in results if sweeper.store.elsewhere(r.run_id)]
+            if elsewhere:
+                print(f"note: {len(elsewhere)} of the {len(results)} run(s) in these tables finished on another "
+                      f"machine or one not recorded ({', '.join(elsewhere[:3])}{', ...' if len(elsewhere) > 3 else ''}"
+                      f"; the `skipped` lines above say which): they are not this machine's numbers; results_dir=DIR "
+                      f"elsewhere measures them here")
         hint = wandb_log.sync_hint(settings.wandb, settings.sweep_dir)
         if hint:
             print(hint)
     if sweeper.failed:
         print(f"fedshard: {len(sweeper.failed)} of {len(runs)} run(s) failed: "
               + "; ".join(f"{k}: {v}" for k, v in sweeper.failed.items()))
-        return 1
-    return 0
+    if sweeper.cancelled:
+        cancelled = sum(sweeper.store.state(r.run_id) == "CANCELLED" for r in runs)
+        left = sum(sweeper.store.state(r.run_id) not in FINAL for r in runs)
+        print(f"fedshard: sweep {settings.sweep.name} stopped by action=cancel: {cancelled} run(s) cancelled, "
+              f"{left} not run; the same command resumes it", flush=True)
+    return 1 if sweeper.failed or sweeper.cancelled else 0
 
 
 def finished(store: Store, sweep_dir, runs: list[Run]) -> list[RunResult]:

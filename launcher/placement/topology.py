@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from launcher.placement import gc_paused
 from launcher.slurm import scontrol
+from launcher.slurm.hostlist import ParseError
 from launcher.slurm.parse import Block, Node, Switch, parse_nodes, parse_topology
 from train.contract.common import ConfigError, SlurmError
 
@@ -176,10 +177,12 @@ def _rooted(parent, level, leaves, nodes) -> Topology:
 
 
 @gc_paused()
-def build(topology_text: str, nodes_text: str | None) -> Topology:
-    """Parse `scontrol show topology` (tree or block) and `scontrol show node` output into a Topology."""
-    items = parse_topology(topology_text)
-    nodes = parse_nodes(nodes_text) if nodes_text else None
+def build(topology_text: str, nodes_text: str | None, snapshot: tuple[str, str] | None = None) -> Topology:
+    """Parse `scontrol show topology` (tree or block) and `scontrol show node` output into a Topology. `snapshot`:
+    (its directory, the topology file's name) when the texts are a snapshot's files, which must then be whole
+    (scontrol.check_snapshot) and whose parse errors name the file."""
+    items = _parsed(parse_topology, topology_text, snapshot and (snapshot[0], snapshot[1]))
+    nodes = _parsed(parse_nodes, nodes_text, snapshot and (snapshot[0], "nodes.txt")) if nodes_text else None
     if not items:  # no TopologyPlugin: every node under one switch
         if not nodes:
             raise ConfigError("scontrol printed neither a topology nor any node")
@@ -189,7 +192,19 @@ def build(topology_text: str, nodes_text: str | None) -> Topology:
     topo = from_blocks(items, nodes) if isinstance(items[0], Block) else from_switches(items, nodes)
     if nodes is not None and not any(n.name in topo.parent for n in nodes):
         raise ConfigError("no node of `scontrol show node` appears in the topology")
+    if snapshot is not None:
+        scontrol.check_snapshot(snapshot[0], snapshot[1], items, nodes or [])
     return topo
+
+
+def _parsed(parse, text: str, file: tuple[str, str] | None):
+    """parse(text); a snapshot file's parse error names the file."""
+    try:
+        return parse(text)
+    except ParseError as e:
+        if file is None:
+            raise
+        raise ParseError(f"snapshot file {scontrol.snapshot_path(*file)}: {e}") from None
 
 
 def ideal(n_nodes: int, nodes_per_level: list[int]) -> Topology:
@@ -230,7 +245,8 @@ def load(cluster) -> tuple[Topology, str, bool]:
         live, source = live_source(cluster)
     if live:
         name = scontrol.topology_name(cluster)
-        topo = build(scontrol.topology_text(cluster.snapshot, name), scontrol.nodes_text(cluster.snapshot))
+        snapshot = (cluster.snapshot, scontrol.topology_file(name)) if cluster.snapshot else None
+        topo = build(scontrol.topology_text(cluster.snapshot, name), scontrol.nodes_text(cluster.snapshot), snapshot)
         source += f", topology {name}" if name else ""
     else:
         topo = ideal(cluster.nodes, cluster.nodes_per_level)

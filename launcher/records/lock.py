@@ -1,11 +1,14 @@
-"""One launcher per sweep directory: two writing the same manifest would resubmit each other's runs."""
+"""One launcher per sweep directory: two writing the same manifest would resubmit each other's runs. Another
+process talks to the launcher holding it through one file: action=cancel's request to stop the sweep."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import time
 from pathlib import Path
 
-from train.contract.common import StateError
+from train.contract.common import StateError, write_atomic
 
 
 class SweepLock:
@@ -46,3 +49,23 @@ class SweepLock:
     def __exit__(self, *exc) -> None:
         self.path.unlink(missing_ok=True)  # still holding the lock: nobody else can be using this file
         self.fh.close()
+
+
+# action=cancel from another terminal tells the launcher holding the lock to stop its sweep: the jobs it cancels
+# end without a result, and this file says why (a cancel, not a failure to retry), so the launcher records them
+# CANCELLED and submits nothing more. The launcher removes it when it starts and when it ends.
+CANCEL = "cancel.json"
+
+
+def request_cancel(sweep_dir: Path, run_ids: list[str]) -> None:
+    """Ask the sweep's launcher (if one holds the lock) to stop: no further submission, no retry."""
+    write_atomic(Path(sweep_dir) / CANCEL, json.dumps({"runs": run_ids, "pid": os.getpid(),
+                                                       "at": time.strftime("%Y-%m-%dT%H:%M:%S")}) + "\n")
+
+
+def cancel_requested(sweep_dir: Path) -> bool:
+    return (Path(sweep_dir) / CANCEL).exists()
+
+
+def clear_cancel(sweep_dir: Path) -> None:
+    (Path(sweep_dir) / CANCEL).unlink(missing_ok=True)

@@ -4,14 +4,13 @@ measurement only with this registered value: a prediction made after its run sta
 it, so it is shown as post hoc and kept out of accuracy figures."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
 from train.contract.common import write_atomic
+from train.contract.machine import commit
 
 FILE = "prediction.json"
 PREDICTED = ("predicted_step_s", "predicted_step_bounds_s", "predicted_compute_s", "predicted_comm_by_group_s",
@@ -27,20 +26,6 @@ def before(registered_at: str | None, started_at: str | None) -> bool:
     if not registered_at or not started_at:
         return False
     return datetime.fromisoformat(registered_at) <= datetime.fromisoformat(started_at)
-
-
-@functools.lru_cache(maxsize=1)
-def commit() -> str | None:
-    """fedshard's git commit (with -dirty when the work tree differs), None outside a git checkout."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("-dirty" if dirty else "")
 
 
 def file_sha256(path: Path | None) -> str | None:
@@ -69,7 +54,8 @@ class Registry:
         e = self.entries.get(run_id)
         if path.exists() or e is None:
             return False
-        record = {"run_id": run_id, "strategy": e.strategy, "F": e.F, "R": e.R, "S": e.S, "A": e.A,
+        L = e.layout  # a PlanEntry (launcher.planning)
+        record = {"run_id": run_id, "strategy": L.strategy, "F": L.F, "R": L.R, "S": L.S, "A": L.A,
                   "placement": self.rank_order, "model": model_name(e.model), "seq_len": e.train["seq_len"],
                   **{k: getattr(e, k) for k in PREDICTED}, "probe": self.probe,
                   "probe_sha256": self.probe_sha256, "commit": commit(), "predicted_at": utc_now()}

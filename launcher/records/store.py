@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 from train.contract.common import FedshardError, StateError, write_atomic
+from train.contract.machine import host_digest, label
+from train.contract.result import RunResult
 from train.contract.spec import RunSpec, identity_changes
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED")
@@ -43,6 +45,23 @@ class Store:
 
     def finished(self, run_id: str) -> bool:
         return self.state(run_id) == "COMPLETED" and (self.sweep_dir / run_id / "result.json").exists()
+
+    def elsewhere(self, run_id: str) -> str | None:
+        """Where a finished run ran, in words, when not on or from this machine: None when this machine submitted
+        it (the entry's submitted_from, which the launcher records) or ran it (its result.json's machine), else
+        the machine its result.json names, or that it names none (a result from before machines were recorded,
+        such as the committed ones). A run reused from elsewhere is labelled so, not refused: a sweep resumed from
+        another login node of the same cluster is still the user's."""
+        here = host_digest()
+        if self.entries.get(run_id, {}).get("submitted_from") == here:
+            return None
+        try:
+            machine = RunResult.load(self.sweep_dir / run_id / "result.json").machine
+        except (OSError, FedshardError):
+            machine = None
+        if machine is None:
+            return "on a machine not recorded (its result.json has no `machine`)"
+        return None if machine.get("host") == here else f"on another machine ({label(machine)})"
 
     def check_same_experiment(self, specs: list, cluster: str, rank_order: str) -> None:
         """Refuse, before anything is submitted, run directories left by another experiment: reusing their

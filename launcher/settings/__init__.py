@@ -47,6 +47,10 @@ CONF_DIR = next((d for d in (_LAUNCHER / "conf", _LAUNCHER.parent / "conf") if (
                 _LAUNCHER.parent / "conf")
 ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare", "dryrun", "status", "cancel", "tail",
            "init_cluster")
+# What a multirun (-m) may sweep: what is trained, on what data, with what model (launcher.multirun). A sweep's own
+# axes (strategies, A, F, nodes, tp, pp) are lists in one value instead: sweep.A=[8,16].
+MULTIRUN_SECTIONS = ("train", "model", "data")
+SWEEP_LISTS = tuple(f.name for f in fields(Sweep) if str(f.type).startswith("list"))
 
 
 @dataclass
@@ -136,6 +140,7 @@ def register_schema() -> None:
 
 def compose(overrides: list[str]) -> Settings:
     """Hydra overrides (`sweep=paper_table3 cluster=leonardo ...`) -> validated Settings."""
+    import yaml
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -154,9 +159,13 @@ def compose(overrides: list[str]) -> Settings:
         with open_dict(cfg):
             del cfg["hydra"]  # Hydra's own section holds values only a running app fills (hydra.job.num)
         raw = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except yaml.YAMLError as exc:  # a config file that is not YAML: a cluster file edited by hand
+        raise ConfigError(yaml_error(exc)) from None
     except MissingMandatoryValue as exc:  # a `???` in conf/, e.g. data=text without data.paths
         raise ConfigError(f"{exc.full_key} must be set (it is ??? in conf/): add {exc.full_key}=... to the "
                           f"command line") from None
+    except UnicodeDecodeError as exc:  # a config file in another encoding
+        raise ConfigError(not_utf8(overrides) or f"a config file is not UTF-8 text: {exc}") from None
     except (HydraException, OmegaConfBaseException, ValueError) as exc:
         msg = _first_line(exc, overrides)
         unknown = re.match(r"Could not override '([^']+)'", msg)
@@ -180,7 +189,7 @@ def compose(overrides: list[str]) -> Settings:
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
         raise ConfigError(f"results_dir must be a directory path, got {raw['results_dir']!r}")
-    results_dir = Path(raw["results_dir"]).resolve()
+    results_dir = Path(raw["results_dir"]).expanduser().resolve()  # the default is ~/fedshard-results
     check_writable(results_dir)
     if isinstance(raw["cluster"], dict):
         raw["cluster"]["name"] = cluster_name(raw["cluster"].get("name"), choices.get("cluster"), overrides)
@@ -200,6 +209,33 @@ def compose(overrides: list[str]) -> Settings:
         wandb=wandb_section(raw["wandb"]), probe=probe_section(raw["probe"]),
         prepare=prepare_section(raw["prepare"]), plan=plan_section(raw["plan"]),
         init=init_section(raw["init"]), run=_run_id(raw["run"]))
+
+def yaml_error(exc) -> str:
+    """A YAML syntax error as one line, `FILE:LINE:COLUMN: what` (PyYAML's marks count from 0), with where the
+    construct it was reading began."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is None:
+        return f"a config file is not valid YAML: {' '.join(str(exc).split())}"
+    where = f"{mark.name}:{mark.line + 1}:{mark.column + 1}"
+    context, start = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    began = f" ({context}, begun at line {start.line + 1}, column {start.column + 1})" if context and start else ""
+    return f"{where}: {exc.problem}{began}: the file is not valid YAML"
+
+
+def not_utf8(overrides: list[str]) -> str | None:
+    """`FILE:LINE:COLUMN: ...` of the first config file on the user's part of the search path (--config-dir) that
+    is not UTF-8 text, which Hydra reports without naming it; None when none is."""
+    for folder in search_dirs(overrides)[1:]:
+        for path in sorted(folder.rglob("*.yaml")):
+            data = path.read_bytes()
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                line = data.count(b"\n", 0, e.start) + 1
+                column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+                return f"{path}:{line}:{column}: not UTF-8 text (byte 0x{data[e.start]:02x}): save the file as UTF-8"
+    return None
+
 
 def _run_id(value) -> str | None:
     if value is not None and (not isinstance(value, str) or not value or "/" in value or value in (".", "..")):
@@ -269,6 +305,13 @@ def _dotted(tree: dict, prefix: str = ""):
             yield from _dotted(value, f"{prefix}{key}.")
 
 
+def sweep_list(key: str, values: list[str]) -> str | None:
+    """How to type several values of one of the sweep's own axes (`sweep.A=8,16`, with or without -m): as one list,
+    `sweep.A=[8,16]`; None for any other key."""
+    section, _, name = key.lstrip("+~").partition(".")
+    return f"{section}.{name}=[{','.join(values)}]" if section == "sweep" and name in SWEEP_LISTS else None
+
+
 def _first_line(exc: Exception, overrides: list[str]) -> str:
     text = str(exc).strip().splitlines()
     msg = text[0] if text else type(exc).__name__
@@ -281,7 +324,17 @@ def _first_line(exc: Exception, overrides: list[str]) -> str:
                + (f"; did you mean {group}={close[0]}?" if close else "") + f" (available {group}: "
                f"{', '.join(options)}; your own: --config-dir DIR with DIR/{group}/NAME.yaml)")
     elif msg.startswith("Ambiguous value for argument"):
-        msg += ": several values sweep that key only in a multirun (python -m launcher -m ...)"
+        typed = re.search(r"argument '([^'=]+)=([^']*)'", msg)
+        key, value = typed.groups() if typed else ("KEY", "A,B")
+        listed = sweep_list(key, value.split(","))
+        if listed:
+            msg = (f"{key}={value}: {key} is one of the sweep's own axes and takes its values as one list: "
+                   f"{listed} (no -m)")
+        elif key.lstrip("+~").split(".")[0] in MULTIRUN_SECTIONS:
+            msg += f": several values sweep that key only in a multirun: python -m launcher -m ... {key}={value}"
+        else:
+            msg += (f": {key} takes one value; a multirun (-m) sweeps only {', '.join(MULTIRUN_SECTIONS)} keys, "
+                    f"and a sweep's strategies, A, F and nodes take lists (sweep.A=[8,16])")
     elif msg.startswith("Could not override"):
         msg = msg.rstrip(".") + ": no such key (the keys are in conf/)"
     return msg

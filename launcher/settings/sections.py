@@ -81,6 +81,13 @@ class Cluster:
         if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?", str(self.mem)):
             raise ConfigError(f"cluster.mem must be sbatch's --mem: a number with an optional K, M, G or T "
                               f"(0: all of a node's memory), or null, got {redact(repr(self.mem))}")
+        if self.mem is not None and str(self.mem).isdigit() and 0 < int(self.mem) < 1024 * self.gpus_per_node:
+            raise ConfigError(f"cluster.mem={self.mem} has no unit, so sbatch reads {self.mem} MB per node: under "
+                              f"1 GB for each of its {self.gpus_per_node} tasks: write the unit, "
+                              f"cluster.mem={self.mem}G for gigabytes ({self.mem}M if you mean megabytes; 0: all of a "
+                              f"node's memory)")
+        if self.snapshot is not None:
+            self.snapshot = os.path.expanduser(str(self.snapshot))  # a cluster file's `snapshot: ~/snap`
         if self.python is not None and not (isinstance(self.python, str) and os.path.isabs(self.python)):
             raise ConfigError(f"cluster.python must be an absolute path to the interpreter on the nodes, or null "
                               f"(this one: {sys.executable}), got {redact(repr(self.python))}")

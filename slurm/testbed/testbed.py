@@ -111,6 +111,11 @@ SlurmdTimeout=30
 # tasks (submitit ignores SIGTERM) may run on for KillWait s; a requeued job waits cred_expire s to restart,
 # then for the next scheduling pass (sched_interval).
 KillWait=10
+# Preemption by partition priority, as sites run it: a preempted job is cancelled and ends PREEMPTED (the launcher
+# resubmits it; PreemptMode=REQUEUE would requeue it under its own id). With one partition nothing is ever
+# preempted; tests/test_testbed.py adds a higher-priority partition (scontrol create) for the test that preempts.
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 {nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
     dbd = STATE / "slurmdbd.conf"  # slurmdbd reads it beside slurm.conf and insists on mode 600

@@ -195,6 +195,11 @@ class RunResult:
                               "before 2026-12-06", default=None)
     rank_order: str | None = _doc("who ordered the ranks: topology (fedshard's placement) or slurm; null before "
                                   "2026-12-06 (the sweep's manifest.jsonl has it)", default=None)
+    machine: dict | None = _doc("the machine rank 0 ran on at the start of the last attempt "
+                                "(train.contract.machine): host (a digest of its name, not the name), cpu, cores, "
+                                "cores_usable, memory_bytes, kernel, load_avg (1, 5, 15 min), python, torch, fedshard, "
+                                "commit (fedshard's, -dirty when its work tree differed; null outside a checkout), "
+                                "gpu; null in results before 2026-12-07", default=None)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

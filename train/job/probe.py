@@ -10,6 +10,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from train.contract.common import write_atomic
+from train.contract.machine import describe as describe_machine
 from train.measure.calibrate import calibrate
 from train.measure.calibrate_layout import calibrate_layouts
 from train.measure.probe import barrier_seconds, measure
@@ -25,6 +26,12 @@ def run(ranks, work, out_path: str, level_groups, collectives) -> None:
     device = launch_env.pick_device(ranks.device)
     if device == "cpu":
         launch_env.limit_cpu_threads(env)
+    machine = None  # which machine rank 0 runs on, before the probe loads it
+    if env.rank == 0:
+        import torch
+
+        machine = describe_machine(f"{torch.cuda.get_device_name()} x{torch.cuda.device_count()}"
+                                   if device == "cuda" else None)
     out_dir = Path(out_path).parent
     backend = launch_env.init(env, device, ranks.backend, out_dir, ranks.timeout_s)
     hosts = [None] * env.world_size
@@ -39,5 +46,5 @@ def run(ranks, work, out_path: str, level_groups, collectives) -> None:
     if env.rank == 0:
         write_atomic(Path(out_path), json.dumps({"backend": backend, "hosts": hosts, "levels": rows,
                                                  "barrier_s": barrier_s, "compute": compute,
-                                                 "layouts": stages}) + "\n")
+                                                 "layouts": stages, "machine": machine}) + "\n")
     leave_when_the_task_ends()  # calibrate's fully_shard leaves gloo groups to finalization (train.runtime.ending)
