@@ -17,7 +17,6 @@ from launcher.placement.steptime import (
     StepTime,
     load,
     step_time,
-    sync_seconds,
 )
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
@@ -116,14 +115,11 @@ class Predictor:
         return None
 
     def step(self, layout: Layout, work: Workload, model: Model, placement: Placement) -> StepTime:
-        """`layout` placed as `placement`, doing `work`. A probe written before barriers were timed prices them at
-        nothing."""
-        barrier_s = (self.probe or {}).get("barrier_s", 0.0)
+        """`layout` placed as `placement`, doing `work`."""
         if placement.loads is None:
             placement.loads = load(placement, layout, self.topo)
         return step_time(layout, Shapes.of(work.llama_kwargs), model, Links(self.network, placement.loads),
-                         self.compute(layout, work), overlap=self.cluster.device == "cuda",
-                         sync_s=sync_seconds(barrier_s, layout), acts=work.activations)
+                         self.compute(layout, work), overlap=self.cluster.device == "cuda", acts=work.activations)
 
 
 @dataclass(frozen=True)

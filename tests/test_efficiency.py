@@ -97,7 +97,9 @@ def test_meter_counts_the_training_windows_only():
     meter.resume()
     time.sleep(0.6)
     joules = meter.stop()
-    assert joules == pytest.approx(watts * meter.seconds, rel=1e-5)  # no energy lost between samples
+    # no energy lost between samples: a lost 0.1 s window would be 8 % off; what is left is the scheduling gap
+    # between reading the counter and the clock (milliseconds on a loaded machine)
+    assert joules == pytest.approx(watts * meter.seconds, rel=1e-2)
     assert 1.15 < meter.seconds < 1.45  # the pause is left out
 
 

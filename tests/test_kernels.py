@@ -75,6 +75,32 @@ def test_compiled_layers_train_as_eager_ones(name, checkpointing):
     assert max(eager_compile) == 0 and min(compile_s) > 0  # compilation seen, and timed apart
 
 
+def _graphs(rank, world, raw):
+    """(graphs, recompiles) dynamo traced after three steps, and after two evaluations with a step between."""
+    trainer = Trainer(RunSpec.from_dict(raw), rank, "cpu")
+    trainer.restore()
+    for i in range(3):
+        trainer.step(i)
+    trained = trainer.compile_clock.graphs, trainer.compile_clock.recompiles
+    trainer.evaluate(3)
+    trainer.step(3)
+    trainer.evaluate(4)
+    trainer.compile_clock.close()
+    return trained, (trainer.compile_clock.graphs, trainer.compile_clock.recompiles)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("checkpointing", ["none", "selective"])
+def test_every_layer_is_one_compiled_graph_and_evaluation_compiles_once(checkpointing):
+    """Four layers compiled whole (fullgraph): training traces one graph that every layer runs (no KV cache, whose
+    per-layer index made a graph per layer), and evaluation, in no-grad mode, one more, once."""
+    raw = _spec(S=1, steps=4, compile=True, activation_checkpointing=checkpointing)
+    raw["model"] = {"preset": "tiny", "num_hidden_layers": 4}
+    [(trained, evaluated)] = run_ranks(_graphs, 1, raw)
+    assert trained == (1, 0)
+    assert evaluated == (2, 1)  # the evaluation mode's graph, traced at the first evaluation only
+
+
 def test_the_compile_clock_keeps_no_trainer_alive():
     """dynamo's callbacks are process-wide; a trainer that never finishes train() must still be freed."""
     class Owner:

@@ -44,7 +44,7 @@ def _poisoned_run(rank: int, world: int, out_dir: str, train: dict) -> dict:
 
 
 @pytest.mark.parametrize("outer", sorted(OUTERS))
-def test_an_inf_gradient_stops_the_run_before_the_next_fedavg(outer, tmp_path):
+def test_an_inf_gradient_is_never_averaged_and_stops_the_run_before_the_next_checkpoint(outer, tmp_path):
     from tests.support import run_ranks
 
     ranks = run_ranks(_poisoned_run, 2, str(tmp_path), OUTERS[outer])
@@ -53,7 +53,7 @@ def test_an_inf_gradient_stops_the_run_before_the_next_fedavg(outer, tmp_path):
     line = errors.pop()
     assert "\n" not in line
     assert line.startswith("the gradient of ") and "was not finite at step 3 on rank 1 (federation group 1)" in line
-    assert "stopped before this FedAvg" in line
+    assert "stopped before this checkpoint" in line  # step 4 averaged (nothing of group 1's), then compared
     assert ranks[0]["finite"]  # the other group never received it
     checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
     steps = [json.loads((tmp_path / "checkpoints" / c / "meta.json").read_text())["step"] for c in checkpoints]

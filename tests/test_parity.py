@@ -87,7 +87,10 @@ CHUNK_BYTES = {"fl_fsdp_optstate_chunked": 4096}
 # int8: each averaging is off by at most ~max|pseudo-gradient| / 127 per value (tests/test_compress.py), which AdamW
 # then carries on like any perturbation; after 5 averagings the parameters were within 3.6e-3 of the exact-mean
 # reference (measured 2026-12-01; 2.2e-3 with FedAvg's lr 1), against ~2e-2 of training movement.
-TOLS = {"fl_fsdp_bf16_wire": 1e-4, "fl_fsdp_diloco_int8": 5e-3}
+# Streamed DiLoCo: each fragment lands on its fp32 synchronized copy between inner steps, so the reference's and the
+# ranks' reduction-order noise meets Adam's 1e5 amplification (above) at more points: 1.058e-5 after 20 steps on
+# this project's 2-core machines on 2026-12-06 (at commit a6ea831, before any change of this session), 1e-5 elsewhere.
+TOLS = {"fl_fsdp_bf16_wire": 1e-4, "fl_fsdp_diloco_int8": 5e-3, "fl_fsdp_diloco_fragments": 2e-5}
 
 
 @pytest.mark.slow

@@ -56,3 +56,21 @@ def test_quiet_steps_read_nothing_and_wait_for_no_other_group(tmp_path):
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["forward"] > 0 and r["backward"] > 0 and r["step_time"] >= r["forward"] for r in rows)
     assert [r["step"] for r in rows if r["aggregated"]] == sorted(TALKS)  # the steps that talk are the FedAvgs
+
+
+def test_an_averaging_step_reads_nothing_and_issues_only_its_exchange(tmp_path):
+    """Steps 2 and 6 average but do not log (A = 2, log_every = 4): the exchange over the fed group and the
+    replicas' gather are their only collectives beyond the step's own, and nothing is read on the host (the
+    non-finite guard's notes ride on the exchange: a non-finite chunk is not written back; the stop signal is
+    agreed where the world talks anyway). The run's first average also checks, once, that the groups' shards align
+    (train.federation.alignment), which reads on the host: step 6 is the average measured."""
+    raw = {"strategy": "fl_hsdp", "F": 2, "R": 2, "S": 1, "A": 2, "model": {"preset": "tiny"},
+           "out_dir": str(tmp_path), "train": {"steps": STEPS, "log_every": 4, "stop_check_every": 1}}
+    reports = run_ranks(_train_rank, RunSpec.from_dict(raw).world_size, raw)
+    for rank, got in enumerate(reports):
+        ops = {done: {(c["op"], c["group"]) for c in got["collectives"].get(str(done), [])} for done in (2, 6)}
+        assert ("allreduce_", "fed") in ops[2] and ("allreduce_", "fed") in ops[6], (rank, ops)  # the exchange
+        assert got["host_syncs"].get("6", 0) == 0, (rank, got["host_syncs"])
+        assert {group for _, group in ops[6]} <= {"fed", "replicate", "shard"}, (rank, ops[6])
+        assert ("_allgather_base_", "replicate") in ops[6]  # the replicas put their shares together
+    assert [r["step"] for r in reports[0]["rows"] if r["aggregated"]] == [2, 4, 6, 8]

@@ -39,7 +39,7 @@ def _worker(rank, world, specs):
         trainer.restore()
         losses = [trainer.step(i).item() for i in range(STEPS)]
         f, _, _, p, _ = trainer.coord
-        out.append((f, losses if p == trainer.cfg.pp - 1 else None))
+        out.append((f, losses if p == trainer.layout.P - 1 else None))
     return out
 
 

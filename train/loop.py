@@ -18,6 +18,7 @@ import torch.distributed as dist
 from train import model as models
 from train import optim
 from train.contract.common import SpecError
+from train.contract.machine import describe as describe_machine
 from train.contract.result import RankRecord, RunResult, target_crossing
 from train.contract.spec import RunSpec
 from train.data import sources as data
@@ -45,7 +46,9 @@ class Trainer:
         Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed; `mesh`:
         one built already (train.job.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
-        self.config = config or models.llama_config(spec.model)
+        self.config = config or models.for_device(models.llama_config(spec.model), device, spec.train.precision)
+        if device == "cuda":  # train.tf32: recorded in result.json
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec.train.tf32
         self.source = source or data.for_run(spec, self.config.vocab_size)
         self.world, self.layout = spec.world_size, spec.layout
         # whose batches, of how many
@@ -164,8 +167,6 @@ class Trainer:
         self.state.tokens += self.global_batch * self.cfg.seq_len
         marks.append(mark())
         self._enter("aggregation", step)
-        if self.fedavg is not None and self.fedavg.due(step + 1):
-            self.guard.check("this FedAvg")
         aggregated = self.fedavg is not None and self.fedavg.after_step(step + 1)
         if aggregated:
             self.state.aggregations += 1
@@ -234,15 +235,17 @@ class Trainer:
                 with self._timed_apart("eval"):
                     self.log.add_eval(done, trained, self.evaluate(done)[0])
             report = done % self.cfg.log_every == 0 or done == self.cfg.steps
-            # agreed only where the world talks anyway: a step that logs, averages or checkpoints
+            # agreed only where the world talks anyway: a step that logs or checkpoints
             due = self.checkpointer.due(done, self.cfg.steps)
-            talks = report or due or (self.fedavg is not None and self.fedavg.due(done))
+            talks = report or due  # an averaging step's only collective is its exchange (train.federation)
             stop_asked = stop_asked or (done < self.cfg.steps and talks and stop.agreed(done))
             # a checkpoint amid a streamed exchange would land it early, and the resume would not be exact
             stopping = stop_asked and done < self.cfg.steps and self.checkpointer.quiet(done)
             save = stopping or due
             if report or save:  # a checkpoint must find metrics.jsonl holding every step it covers
                 with self._timed_apart("logging"):
+                    if report and not save and done < self.cfg.steps:
+                        self.guard.check(f"step {done + 1}")  # the world talks here anyway
                     self.log.flush()
                     if report and self.rank == 0:
                         r = self.log.rows[-1]
@@ -284,14 +287,15 @@ class Trainer:
         dist.barrier()
         start = time.perf_counter()
         total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for chunk in mine.split(self.cfg.eval_batch):
-            ids = chunk.to(self.device)
-            loss = self.model(input_ids=ids, labels=ids).loss if self.pipeline is None else self.pipeline.loss(ids)
-            if loss is None:  # not the last pipeline stage: the last counts this batch
-                continue
-            predicted = ids.shape[0] * (ids.shape[1] - 1)
-            total += torch.stack([loss.double() * predicted, torch.tensor(predicted, dtype=torch.float64,
-                                                                        device=self.device)])
+        with torch.no_grad():  # nothing kept for a backward; a compiled layer compiles this mode once
+            for chunk in mine.split(self.cfg.eval_batch):
+                ids = chunk.to(self.device)
+                loss = self.model(input_ids=ids, labels=ids).loss if self.pipeline is None else self.pipeline.loss(ids)
+                if loss is None:  # not the last pipeline stage: the last counts this batch
+                    continue
+                predicted = ids.shape[0] * (ids.shape[1] - 1)
+                total += torch.stack([loss.double() * predicted, torch.tensor(predicted, dtype=torch.float64,
+                                                                            device=self.device)])
         dist.all_reduce(total)
         elapsed = time.perf_counter() - start
         self.model.train()
@@ -300,6 +304,8 @@ class Trainer:
     def run(self, backend: str) -> RunResult | None:
         """The whole run; rank 0 returns its result (only rank 0 holds every logged step: the others may hold
         none, after a resume from the last step), the other ranks None."""
+        # which machine ran it, before this attempt loads it (the load average at start)
+        machine = describe_machine(self._gpu_name()) if self.rank == 0 else None
         self.restore()
         gathered = [None] * self.world  # where each rank runs, and on which machine (its energy reader's)
         host = socket.gethostname()
@@ -331,7 +337,13 @@ class Trainer:
         profile = {"steps": self.profiler.recorded, "traces": [profiling.trace_name(r) for r in range(self.world)]} \
             if profiled else None
         return self.summary(train_time, eval_ppl, eval_time, ranks, backend,
-                            {**measured, "profile": profile, **efficiency})
+                            {**measured, "profile": profile, **efficiency, "machine": machine})
+
+    def _gpu_name(self) -> str | None:
+        """This rank's GPU and how many the machine has (None on CPU)."""
+        if self.device != "cuda":
+            return None
+        return f"{torch.cuda.get_device_name()} x{torch.cuda.device_count()}"
 
     def _open_meter(self, node: str, machines: list[str], gpus: list[str | None]) -> str | None:
         """Start this machine's energy reader on its lowest rank (`machines`: every rank's machine id; `gpus`: every

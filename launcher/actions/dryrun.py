@@ -26,7 +26,8 @@ from train.contract.spec import RunSpec
 
 GB = 1e9
 TIMEOUT_S = 600  # one rank of one run; an 8B model at 512 ranks takes about a minute (train.job.dryrun)
-SHARED = ("run_id", "out_dir", "seed", "steps", "A", "log_every", "eval_every", "checkpoint_every", "target_ppl")
+SHARED = ("run_id", "config", "repeat", "out_dir", "seed", "steps", "A", "log_every", "eval_every", "checkpoint_every",
+          "target_ppl")
 
 
 def work_key(run: Run) -> str:

@@ -31,7 +31,8 @@ FSDP then shards that over S. What is held:
   not split), and one layer's activations are live while it is recomputed, after the loss is freed (the larger
   of the two counts). Tokens in flight: the rank's batch; under
   pp, GPipe keeps every microbatch, 1F1B at most pp of them on the first stage and one on the last;
-- the FedAvg flat buffer: the rank's shard up to train.federation.federated's chunk (twice for a 16-bit exchange).
+- the FedAvg flat buffer: the rank's shard up to train.federation.federated's chunk, with this replica's 1/R piece
+  of it when R > 1 and a receive buffer of the piece's size for a 16-bit exchange.
 Gloo's own scratch copies, made in its worker threads, are not counted (NCCL reduces in place).
 """
 from __future__ import annotations
@@ -65,6 +66,7 @@ class DeviceWork:
     reduce_dtype: str = "fp32"
     outer_copy: bool = False  # DiLoCo, or a compressed or streamed exchange, with its state on the device
     checkpointing: str = "none"  # train.activation_checkpointing: none, full or selective
+    whole_heads: bool = False  # fp32 on CUDA repeats the KV heads for SDPA (train.model): k and v kept at full width
     sequence_parallel: bool = False  # under tp: the block's unsplit activations are split too, but for the
                                      # gathered inputs of attention and the MLP
 
@@ -91,6 +93,8 @@ def work_of(spec: RunSpec) -> DeviceWork:
     return DeviceWork(spec.layout, batch=t.batch_per_rank, seq_len=t.seq_len, microbatches=spec.microbatches,
                       schedule=t.pp_schedule, precision=t.precision, reduce_dtype=t.reduce_dtype,
                       outer_copy=copy and not t.outer_offload, checkpointing=t.activation_checkpointing,
+                      whole_heads=spec.device == "cuda" and t.precision == "fp32" and _kv_hidden(
+                          spec.model.llama_kwargs) < spec.model.llama_kwargs["hidden_size"],
                       sequence_parallel=t.sequence_parallel)
 
 
@@ -106,9 +110,11 @@ def per_device(llama_kwargs: dict, work: DeviceWork) -> Memory:
     state = sharded * (STATE_BYTES[W.precision] - grad_b + (2 * 4 if W.outer_copy else 0))
     unsharded_grad_b = max(compute_b, REDUCE_BYTES[W.reduce_dtype])
     buffers = 0.0
-    if L.federated:
-        buffers = min(sharded * param_b, FEDAVG_CHUNK_BYTES) * (2 if param_b == 2 else 1)
-    per_token = _per_token_layer(llama_kwargs, L.T, W.sequence_parallel) * compute_b
+    if L.federated:  # the flat chunk, this replica's piece of it (R > 1), a 16-bit exchange's receive buffer
+        piece = 1 / L.R
+        buffers = min(sharded * param_b, FEDAVG_CHUNK_BYTES) * (1 + (piece if L.R > 1 else 0)
+                                                                + (piece if param_b == 2 else 0))
+    per_token = _per_token_layer(llama_kwargs, L.T, W.sequence_parallel, W.whole_heads) * compute_b
     activations = functools.partial(_activations, llama_kwargs, W, stage.layers, per_token)
     if L.P == 1:
         # lm_head and the norm (the embedding resharded after forward), the layer computing and the one prefetched;
@@ -175,10 +181,11 @@ def _kv_hidden(llama_kwargs: dict) -> int:
     return llama_kwargs["hidden_size"] // heads * (llama_kwargs.get("num_key_value_heads") or heads)
 
 
-def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False) -> float:
-    """Elements one decoder layer saves for backward per token (module docstring)."""
+def _per_token_layer(llama_kwargs: dict, T: int, sequence_parallel: bool = False, whole_heads: bool = False) -> float:
+    """Elements one decoder layer saves for backward per token (module docstring); k and v at the query heads'
+    width where attention repeats the KV heads (whole_heads)."""
     h, i = llama_kwargs["hidden_size"], llama_kwargs["intermediate_size"]
-    split = (3 * h + 2 * _kv_hidden(llama_kwargs) + 4 * i) / T
+    split = (3 * h + 2 * (h if whole_heads else _kv_hidden(llama_kwargs)) + 4 * i) / T
     return split + (5 * h / T + 2 * h if sequence_parallel and T > 1 else 5 * h)
 
 

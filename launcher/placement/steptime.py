@@ -10,13 +10,13 @@ lm_head; the final norm, in the root unit, is priced with lm_head; tied embeddin
   whatever the microbatches;
 - replicate group (R ranks, HSDP): an all_reduce of each unit's gradient shard;
 - federation, every A steps (F groups): the rank's whole shard averaged in FEDAVG_CHUNK_BYTES chunks (fp32:
-  one all_reduce each; 16-bit: all_to_all + all_gather, the same bytes), then for FL+HSDP replica 0's
-  broadcast over its replicate group.
+  one all_reduce each; 16-bit: all_to_all + all_gather, the same bytes); in FL+HSDP each replica averages 1/R of
+  each chunk across the groups and an all_gather over the replicate group puts the chunk together.
 A collective of `size` bytes on n ranks takes alpha + size x busfactor(n) x flows / link at the busiest level
 it crosses, where flows is how many of the layout's concurrent groups share that level's busiest link.
-- synchronisation over the whole world (`sync` in comm_s), priced by the probe's barrier: one per FedAvg, for
-  the non-finite check (train.runtime.nonfinite); phases are timed with device events, without barriers
-  (train.measure.metrics).
+Nothing in a step or an average synchronises the whole world: an average asks no rank before it (its chunks are
+written back only where finite, train.federation.federated), and phases are timed with device events, without
+barriers (train.measure.metrics).
 With tensor and pipeline parallelism (the layout's P and T) a rank holds the largest stage's ceil(L / pp) layers, each
 split over tp ranks (stage_shapes), and the units above shrink accordingly; besides:
 - tensor group (tp ranks, one node), per layer and microbatch, as train.parallel.tensor's DTensor plan issues them (the
@@ -204,8 +204,7 @@ class Compute:
 @dataclass(frozen=True)
 class StepTime:
     compute_s: float | None  # None: neither measured nor estimable (no probe, no peak_flops)
-    comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A),
-                             # and sync: world-wide barriers
+    comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A)
     no_overlap_s: float      # compute + all communication
     full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
     step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
@@ -217,12 +216,6 @@ def load(placement: Placement, layout: Layout, topo: Topology) -> dict[str, dict
     host = dict(zip(placement.coords, placement.hosts))
     return {kind: traffic([[host[c] for c in g] for g in groups], topo)
             for kind, groups in communicators(layout).items()}
-
-
-def sync_seconds(barrier_s: float, layout: Layout) -> float:
-    """World-wide synchronisation per step: a federated run's non-finite check before each FedAvg, amortised
-    over A."""
-    return barrier_s / layout.A if layout.federated else 0.0
 
 
 @dataclass(frozen=True)
@@ -258,8 +251,9 @@ def transfers(layout: Layout, shapes: Shapes, model: Model, acts: Activations = 
         shard_bytes = sum(units) / S * (model.fedavg_bytes_per_param or gather_b)
         chunks = max(1, -(-int(shard_bytes) // FEDAVG_CHUNK_BYTES))
         exchange = "all_reduce" if (model.fedavg_bytes_per_param or gather_b) >= 4 else "all_to_all"
-        out += [Transfer("aggregation", "fed", exchange, shard_bytes / chunks, chunks),
-                Transfer("aggregation", "replicate", "broadcast", shard_bytes / chunks, chunks)]
+        # each replica averages its 1/R of every chunk across the groups, then the replicas gather the pieces
+        out += [Transfer("aggregation", "fed", exchange, shard_bytes / chunks / layout.R, chunks),
+                Transfer("aggregation", "replicate", "all_gather", shard_bytes / chunks, chunks)]
     micro = acts.tokens / m * acts.hidden * gather_b  # one microbatch's activations
     L = stage.layers
     if T > 1:
@@ -302,10 +296,9 @@ class Links(NamedTuple):
 
 
 def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, compute: Compute | None,
-              overlap: bool, sync_s: float = 0.0, acts: Activations = Activations()) -> StepTime:
-    """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `sync_s`:
-    world-wide barriers per step (sync_seconds), which nothing overlaps; `acts`: what tensor and pipeline
-    parallelism send."""
+              overlap: bool, acts: Activations = Activations()) -> StepTime:
+    """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `acts`:
+    what tensor and pipeline parallelism send."""
     F, S, A, P, T, m = layout.F, layout.S, layout.A, layout.P, layout.T, acts.microbatches
     moved, ranks = transfers(layout, shapes, model, acts), group_ranks(layout)
 
@@ -315,7 +308,7 @@ def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, comput
 
     federation = seconds("aggregation", *LOADS) / A if F > 1 else 0.0
     shard, replicate = seconds("step", "shard"), seconds("step", "replicate")
-    comm = {"shard": shard, "replicate": replicate, "federation": federation, "sync": sync_s}
+    comm = {"shard": shard, "replicate": replicate, "federation": federation}
     in_place = compute is not None and compute.in_place
     if P * T > 1 and not in_place:
         slots = (m + P - 1) / m  # the schedule's slots each way, all on the path
@@ -329,7 +322,7 @@ def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, comput
         bubble = (m + P - 1) / m
         hidden, source = (compute.forward_s + compute.backward_s) / (P * T) * bubble, compute.source
         exposed_compute = compute.optimizer_s / (S * P * T)
-    exposed = federation + sync_s + comm.get("tensor", 0.0) + comm.get("pipeline", 0.0)
+    exposed = federation + comm.get("tensor", 0.0) + comm.get("pipeline", 0.0)
     no_overlap = hidden + exposed_compute + shard + replicate + exposed
     full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed
     return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,

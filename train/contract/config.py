@@ -72,6 +72,9 @@ class Numerics:
                                     "checkpointed (one line naming step, rank, group and tensor; not retried) | "
                                     "skip_step: every rank drops that step's update (counted in result.json's "
                                     "skipped_steps)", one_of(ON_NONFINITE))
+    tf32: bool = key(True, "on CUDA, fp32 matmuls and convolutions run on TF32 tensor cores (10-bit mantissa "
+                           "products, fp32 accumulation), as torchtitan and most GPU training do; false: full fp32 "
+                           "(several times slower on A100/H100)")
     init: str = key("auto", "full: every rank builds the whole model from the seed, then keeps its shard | meta: "
                             "each rank materializes only its shard | auto: full up to a size limit, else meta",
                     one_of(INITS))

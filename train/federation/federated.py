@@ -4,7 +4,7 @@ Every A optimizer steps each rank averages its parameter shards with the same
 shard in the other F-1 groups. The shards are packed into flat buffers (chunked,
 so an 8B model never needs a second full copy); the sum always accumulates in fp32:
 
-- fp32 tensors: all_reduce SUM over the fed group, divided by F while being copied
+- fp32 tensors: all_reduce SUM over the fed group, divided by F before being copied
   back (gloo has no AVG/PREMUL_SUM);
 - bf16 (16-bit) tensors travel as bf16 but are never added in bf16 (a bf16 ring sum of
   128 models changes nearly every weight by ~6 % RMS): all_to_all sends piece j of
@@ -14,8 +14,15 @@ so an 8B model never needs a second full copy); the sum always accumulates in fp
   identical models changes no bit (F copies of an 8-bit significand sum exactly in
   fp32's 24 bits for F <= 65536). Every group receives the same rounding.
 
-FL+HSDP: only replica 0 of each group averages across groups, then broadcasts the
-result over its replicate group, so replicas stay bit-identical.
+Nothing non-finite crosses groups, and no rank asks the others before an average: a chunk whose average is not
+finite (some group's values went NaN or inf) is not written back, each group keeps its own, and the ranks'
+next comparison of their non-finite notes (train.runtime.nonfinite: at a log, checkpoint or evaluation) stops
+the run. The exchange is the only collective an averaging step issues beyond the step's own.
+
+FL+HSDP: every replica of a group averages its own 1/R of the buffer across the groups (over its fed group,
+the ranks at the same replica and shard in every group), then an all_gather over the replicate group puts the
+pieces together, so replicas stay bit-identical: each rank sends 1/R of the cross-group traffic, none idles, and
+the replicate group carries (R - 1)/R of the buffer instead of a broadcast of all of it.
 """
 from __future__ import annotations
 
@@ -41,8 +48,7 @@ class FedAvg:
         self.F = mesh["fed"].size()
         self.fed_group = mesh.get_group("fed")
         self.rep_group = mesh.get_group("replicate")
-        self.replica = mesh["replicate"].get_local_rank()
-        self.replicated = mesh["replicate"].size() > 1
+        self.replica, self.R = mesh["replicate"].get_local_rank(), mesh["replicate"].size()
         self.device = mesh.device_type
         self.checked = False
         self.buffer: torch.Tensor | None = None
@@ -113,19 +119,23 @@ class FedAvg:
             for chunk in self._chunks(self.tensors()):
                 sizes = [t.numel() for t in chunk]
                 summed = chunk[0].element_size() >= 4  # fp32: flat holds the sum, divided while copied back
-                flat, received = self._buffers(chunk[0], sum(sizes), receive=not summed)
+                flat, piece, received = self._buffers(chunk[0], sum(sizes), receive=not summed)
                 torch.cat([t.reshape(-1) for t in chunk], out=flat[:sum(sizes)])
-                if self.replica == 0:
-                    self._reduce_across_groups(flat, received, summed)
-                    # a ring all_reduce, or all_to_all + all_gather: 2 (F - 1) / F of the buffer each
-                    self.event_bytes += 2 * flat.numel() * flat.element_size() * (self.F - 1) // self.F
-                if self.replicated:
-                    dist.broadcast(flat, group=self.rep_group, group_src=0)
+                if self.R > 1:  # this replica's share of the buffer (module docstring)
+                    piece.copy_(flat.view(self.R, -1)[self.replica])
+                self._reduce_across_groups(piece, received, summed)
+                # a ring all_reduce, or all_to_all + all_gather: 2 (F - 1) / F of the piece each
+                self.event_bytes += 2 * piece.numel() * piece.element_size() * (self.F - 1) // self.F
+                if self.R > 1:
+                    all_gather(flat, piece, group=self.rep_group)
+                # A group whose values went non-finite (train.runtime.nonfinite) would spread them: every group
+                # keeps its own chunk instead, decided on the device, and the next comparison stops the run.
+                finite = torch.isfinite(flat[:sum(sizes)]).all()
                 for t, value in zip(chunk, flat[:sum(sizes)].split(sizes)):
+                    value = value.view_as(t)
                     if summed:
-                        torch.div(value.view_as(t), self.F, out=t)  # one pass
-                    else:
-                        t.copy_(value.view_as(t))
+                        value.div_(self.F)
+                    t.copy_(torch.where(finite, value, t))
         self.clock.span(start, self.clock.mark())
 
     def _reduce_across_groups(self, flat: torch.Tensor, received: torch.Tensor | None, summed: bool) -> None:
@@ -136,27 +146,30 @@ class FedAvg:
         dist.all_to_all_single(received, flat, group=self.fed_group)
         pieces = received.view(self.F, -1)
         mine = pieces[0]  # received is no longer needed: it takes the mean, rounded once to 16 bits
-        for start in range(0, mine.numel(), SUM_BLOCK):  # blocks that stay in cache through the four passes
-            end = min(start + SUM_BLOCK, mine.numel())
-            total = self._accumulator(end - start)
-            total.copy_(pieces[0, start:end])
-            for piece in pieces[1:, start:end]:
-                total.add_(piece)  # fp32 += 16-bit computes in fp32 (a 16-bit sum(dtype=fp32) ran ~3x slower on CPU)
+        # one reduction over the F pieces per block: on a GPU the whole piece at once (a launch per chunk, not per
+        # group and block); on a CPU blocks that stay in cache through its passes
+        block = mine.numel() if self.device == "cuda" else SUM_BLOCK
+        for start in range(0, mine.numel(), block):
+            end = min(start + block, mine.numel())
+            total = torch.sum(pieces[:, start:end], dim=0, dtype=torch.float32, out=self._accumulator(end - start))
             mine[start:end].copy_(total.div_(self.F))
         all_gather(flat, mine, group=self.fed_group)
 
-    def _buffers(self, like: torch.Tensor, used: int, receive: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The flat buffer (and, for the all_to_all, a receive buffer), padded to a multiple of F and kept
-        between averagings (a fresh allocation per event costs page faults); the padding is zeroed so it
-        averages to zero. The fp32 all_reduce needs no receive buffer, so none is allocated for it."""
-        numel = -(-used // self.F) * self.F
-        rows = 2 if receive else 1
-        if (self.buffer is None or self.buffer.shape[0] < rows or self.buffer.shape[1] < numel
-                or self.buffer.dtype != like.dtype):
-            self.buffer = torch.empty(rows, numel, dtype=like.dtype, device=like.device)
-        flat = self.buffer[0, :numel]
+    def _buffers(self, like: torch.Tensor, used: int,
+                 receive: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The flat buffer, this replica's piece of it (the buffer itself when R = 1) and, for the all_to_all, a
+        receive buffer of the piece's size; padded to a multiple of F x R and kept between averagings (a fresh
+        allocation per event costs page faults). The padding is zeroed so it averages to zero. The fp32
+        all_reduce needs no receive buffer, so none is allocated for it."""
+        numel = -(-used // (self.F * self.R)) * self.F * self.R
+        part = numel // self.R
+        width = numel + (part if self.R > 1 else 0) + (part if receive else 0)
+        if self.buffer is None or self.buffer.numel() < width or self.buffer.dtype != like.dtype:
+            self.buffer = torch.empty(width, dtype=like.dtype, device=like.device)
+        flat = self.buffer[:numel]
         flat[used:].zero_()
-        return flat, self.buffer[1, :numel] if receive else None
+        piece = self.buffer[numel:numel + part] if self.R > 1 else flat
+        return flat, piece, self.buffer[width - part:width] if receive else None
 
     def _accumulator(self, numel: int) -> torch.Tensor:
         """The fp32 sum of a block of this rank's piece, kept between averagings like the buffers."""

@@ -11,7 +11,8 @@ pseudo-gradients synced − local are averaged into Δ, and Nesterov SGD gives
     m ← μ m + Δ,    synced ← synced − lr (Δ + μ m) = average + (1 − lr) Δ − lr μ m.
 
 Plain (fp32, whole shard, no delay): every A steps FedAvg averages the parameters in place (fp32
-accumulation; in FL+HSDP replica 0 reduces, then broadcasts: train.federation.federated), and since `synced` is the
+accumulation; in FL+HSDP each replica reduces 1/R, then the replicas gather: train.federation.federated), and since
+`synced` is the
 same in every group Δ = synced − average; the update is written in the second form so that FedAvg is
 exactly the case lr = 1, μ = 0 (the correction is zero and adds no rounding).
 
@@ -32,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from train.federation import compress
+from train.federation.compress import all_gather
 from train.federation.federated import FedAvg
 from train.federation.inflight import Exchange as Stages
 from train.federation.inflight import InFlight, launched, together
@@ -41,8 +43,8 @@ from train.parallel.parallelize import local
 @dataclass
 class Exchange:
     """One fragment's exchange in flight: its chunks of tensor indices, this rank's own pseudo-gradients
-    (kept to merge the local progress made while it travelled) and the averaged ones in flight (None on the
-    replicas that receive them from replica 0)."""
+    (kept to merge the local progress made while it travelled) and the averages of this replica's share of them
+    in flight (all of them without replicas)."""
     chunks: list[list[int]]
     own: list[torch.Tensor]
     averaged: InFlight | None
@@ -140,16 +142,17 @@ class DiLoCo(FedAvg):
             for chunk in self._chunks([self.synced[i] for i in indices]):
                 index, taken = indices[taken:taken + len(chunk)], taken + len(chunk)
                 size = sum(self.synced[i].numel() for i in index)
-                delta = params[index[0]].new_zeros(compress.padded(size, self.F), dtype=torch.float32)
+                delta = params[index[0]].new_zeros(compress.padded(size, self.F * self.R), dtype=torch.float32)
                 torch.cat([(self.synced[i].to(params[i].device, non_blocking=True) - params[i].float()).reshape(-1)
                            for i in index], out=delta[:size])
                 chunks.append(index)
                 own.append(delta)
-        averaged = InFlight(self._exchange(own), self.clock) if self.replica == 0 else None
-        self.pending = Exchange(chunks, own, averaged, (steps_done or 0) + self.delay)
+        shares = [delta.view(self.R, -1)[self.replica] for delta in own]  # the whole of each without replicas
+        self.pending = Exchange(chunks, own, InFlight(self._exchange(shares), self.clock),
+                                (steps_done or 0) + self.delay)
 
     def _exchange(self, own: list[torch.Tensor]) -> Stages:
-        """The mean of every group's pseudo-gradient chunks, all chunks side by side (replica 0 of each group)."""
+        """The mean over the groups of this replica's share of each pseudo-gradient chunk, side by side."""
         means = yield from together([self._mean(delta) for delta in own])
         self.event_bytes += sum(sent for _, sent in means)
         return [mean for mean, _ in means]
@@ -165,15 +168,17 @@ class DiLoCo(FedAvg):
 
     def _land(self) -> None:
         pending, self.pending = self.pending, None
-        if pending.averaged is not None:
-            averaged = pending.averaged.result()
-        else:  # another replica: replica 0 broadcasts what it received
-            averaged = [torch.empty_like(d) for d in pending.own]
+        averaged = pending.averaged.result()
         params = [local(p) for _, p in self.named_params()]
         with torch.no_grad():
-            for index, mean, own in zip(pending.chunks, averaged, pending.own):
-                if self.replicated:
-                    dist.broadcast(mean, group=self.rep_group, group_src=0)
+            for index, share, own in zip(pending.chunks, averaged, pending.own):
+                mean = share
+                if self.R > 1:  # every replica averaged its share: put them together
+                    mean = torch.empty_like(own)
+                    all_gather(mean, share, group=self.rep_group)
+                # a non-finite mean (some group's values went NaN or inf) moves nothing: the next comparison of
+                # the ranks' non-finite notes stops the run (train.federation.federated)
+                mean = torch.where(torch.isfinite(mean).all(), mean, torch.zeros_like(mean))
                 sizes = [self.synced[i].numel() for i in index]
                 pieces = zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes))
                 for i, d, mine in pieces:

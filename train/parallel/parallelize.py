@@ -49,7 +49,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, c
         torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
         torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
         for layer in pipeline.decoder_layers(model):
-            layer.compile()  # in place: parameter names stay (FedAvg's alignment, checkpoints)
+            layer.compile(fullgraph=True)  # in place: parameter names stay (FedAvg's alignment, checkpoints)
     return shard(model, dp_mesh, cfg.precision, cfg.reduce_dtype, pipelined)
 
 

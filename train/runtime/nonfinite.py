@@ -3,10 +3,12 @@
 A NaN or inf in one rank's loss or gradient poisons its group's parameters at the next optimizer step; the next
 FedAvg would hand them to every group (an int8 exchange turns one inf into a block of NaN) and a checkpoint would
 keep them. Each rank notes, on its device and without synchronising, the first step and tensor that went
-non-finite; the ranks compare notes where values leave a group or the run: before an outer step, a checkpoint,
-an evaluation and the final average. `stop` raises the same one-line NonFiniteError on every rank there;
-`skip_step` agrees after every backward instead, within the federation group (the ranks holding one model: other
-groups need not wait), and every rank of it drops that step's update: one host read per step, by choice.
+non-finite; the ranks compare notes where the world talks anyway or values leave the run: a step that logs, a
+checkpoint, an evaluation and the final average. An outer step does not ask: it averages only what is finite
+(train.federation.federated), so nothing non-finite crosses groups before the next comparison stops the run.
+`stop` raises the same one-line NonFiniteError on every rank there; `skip_step` agrees after every backward
+instead, within the federation group (the ranks holding one model: other groups need not wait), and every rank of
+it drops that step's update: one host read per step, by choice.
 The notes cost a handful of kernels per step (one fused max-abs over every gradient) and no host transfer.
 """
 from __future__ import annotations

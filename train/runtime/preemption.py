@@ -4,9 +4,9 @@ SLURM sends submitit's signal (SIGUSR2 by default, `--signal=USR2@90`) to every 
 preemption or the time limit, but the tasks receive it at different steps. The handler only
 sets a flag; the ranks agree on it with one MAX all_reduce of one number, so all of them
 checkpoint the same step. They agree only on a step whose ranks talk across the world anyway (it
-logs, averages or checkpoints), at least `stop_check_every` steps after the last agreement: a
-quiet step never waits for another federation group. Keep log_every steps well inside the
-signal's lead time. submitit's task 0 then hands the signal to
+logs or checkpoints), at least `stop_check_every` steps after the last agreement: a quiet step never
+waits for another federation group, and an averaging step's only collective is its exchange. Keep
+log_every steps well inside the signal's lead time. submitit's task 0 then hands the signal to
 submitit's own handler, which calls TrainJob.checkpoint and requeues the job (it resumes from
 this checkpoint); the other tasks wait for the requeue to end them (SLURM) or exit for the local
 controller to restart. Without submitit the run ends with a one-line error saying where it stopped.
