@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         if args.model:
             ok &= gpu_job.measure(args, device, out, train)
         if args.compare:
-            ok &= gpu_job.compare(args, device, out, train)
+            ok &= gpu_job.compare(args, device, out, train)[0]
     print("gpu_check: " + ("all checks passed" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -127,39 +127,65 @@ def torchtitan_figures(name: str, gpus: int, batch: int, seq_len: int, layers: i
     return next((figures for (model, n), figures in TORCHTITAN.items() if model in name and n == gpus), {})
 
 
-def compare(args, device: str, out: Path, train) -> bool:
+def run_variant(base: dict, name: str, keys: dict, index: int, args, device: str, out: Path, train) -> dict:
+    """One way of running the job's layers (`keys`: train keys over `base`): its measurements as a row, or why it
+    did not run ({"variant", "not_run"} / {"variant", "failed"})."""
+    refused = float8.why_not(device, 1) if keys.get("float8") else None
+    if refused:
+        return {"variant": name, "not_run": refused}
+    spec = copy.deepcopy(base)
+    spec["run_id"], spec["out_dir"] = f"variant-{index}", str(out / f"variant-{index}")
+    spec["train"].update(keys)
+    try:
+        result, _ = train(spec, args.ranks, out, device)
+    except RuntimeError as exc:
+        return {"variant": name, "failed": str(exc).splitlines()[0][:200]}
+    return {"variant": name, "tokens_per_s_per_device": result.tokens_per_s_per_device, "mfu": result.mfu,
+            "peak_allocated_bytes": result.peak_memory_bytes, "peak_reserved_bytes": result.peak_reserved_bytes,
+            "device_free_bytes": result.device_free_bytes, "compile_s": result.compile_s,
+            "compile_graphs": result.compile_graphs, "compile_recompiles": result.compile_recompiles,
+            "energy_j": result.energy_j, "tokens_per_j": result.tokens_per_j, "energy_source": result.energy_source,
+            "layers": spec["model"]["num_hidden_layers"], "train": spec["train"]}
+
+
+def row_line(row: dict, beside: str = "-") -> str:
+    """A variant's line in the side-by-side table."""
+    if "not_run" in row or "failed" in row:
+        return f"{row['variant']:<34} " + (f"not run: {row['not_run']}" if "not_run" in row else
+                                           f"FAILED: {row['failed']}")
+    mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
+    reserved = f"{row['peak_reserved_bytes'] / 1e9:.2f}" if row["peak_reserved_bytes"] is not None else "-"
+    return (f"{row['variant']:<34} {row['tokens_per_s_per_device']:>12,.0f} {mfu:>7} "
+            f"{row['peak_allocated_bytes'] / 1e9:>8.2f} {reserved:>8} {row['compile_s']:>9.2f} "
+            f"{row['compile_graphs']:>3}/{row['compile_recompiles']:<3} {beside}")
+
+
+HEADER = (f"{'variant':<34} {'tokens/s/GPU':>12} {'MFU':>7} {'peak GB':>8} {'rsvd GB':>8} {'compile s':>9} "
+          f"graphs/re  torchtitan")
+
+
+def compare(args, device: str, out: Path, train) -> tuple[bool, list[dict]]:
     """Run the job once per VARIANTS entry, on the same layers (those the memory model fits without
-    checkpointing), and print each one's tokens/s per GPU, MFU, peak memory and compile time side by side, with
-    torchtitan's published figure for the same setting where one exists; False if a variant failed."""
+    checkpointing), and print each one's tokens/s per GPU, MFU, peak memory, compile time and graphs side by side,
+    with torchtitan's published figure for the same setting where one exists; (False if a variant failed, the
+    rows)."""
     base, name, layers, whole = fitted_job(args, device, out)
     if layers == 0:
-        return False
+        return False, []
     theirs = torchtitan_figures(name, args.ranks, args.job_batch, args.job_seq_len, layers, whole)
     print(f"compare: {args.model}, {layers} of {whole} layers, FSDP over {args.ranks} {name} rank(s), "
           f"{args.job_batch} x {args.job_seq_len} tokens per GPU, {args.job_steps} timed steps after one warm-up; "
           f"AdamW {'fused' if device == 'cuda' else 'unfused (CPU)'} throughout")
-    print(f"{'variant':<34} {'tokens/s/GPU':>12} {'MFU':>7} {'peak GB':>8} {'compile s':>9}  torchtitan")
-    ok = True
+    print(HEADER)
+    rows = []
     for i, (variant, keys) in enumerate(VARIANTS.items()):
-        refused = float8.why_not(device, 1) if keys.get("float8") else None
-        if refused:
-            print(f"{variant:<34} not run: {refused}")
-            continue
-        spec = copy.deepcopy(base)
-        spec["run_id"], spec["out_dir"] = f"compare-{i}", str(out / f"compare-{i}")
-        spec["train"].update(keys)
-        try:
-            result, _ = train(spec, args.ranks, out, device)
-        except RuntimeError as exc:
-            print(f"{variant:<34} FAILED: {str(exc).splitlines()[0][:200]}")
-            ok = False
-            continue
-        mfu = f"{result.mfu:.1%}" if result.mfu is not None else "-"
+        row = run_variant(base, variant, keys, i, args, device, out, train)
+        rows.append(row)
         figure = theirs.get(variant)
-        beside = (f"{figure:,} ({result.tokens_per_s_per_device / figure:.2f}x of it)" if figure else "-")
-        print(f"{variant:<34} {result.tokens_per_s_per_device:>12,.0f} {mfu:>7} "
-              f"{result.peak_memory_bytes / 1e9:>8.2f} {result.compile_s:>9.2f}  {beside}")
+        beside = (f"{figure:,} ({row['tokens_per_s_per_device'] / figure:.2f}x of it)"
+                  if figure and "tokens_per_s_per_device" in row else "-")
+        print(row_line(row, beside))
     if not theirs:
         print(f"compare: torchtitan publishes no figure for {args.ranks} x {name} at this setting (it has 8 and 128 "
               f"H100s, all layers, {TORCHTITAN_TOKENS[0]} x {TORCHTITAN_TOKENS[1]} tokens per GPU)")
-    return ok
+    return not any("failed" in row for row in rows), rows

@@ -49,6 +49,8 @@ class Reference:
             loss = m(input_ids=ids, labels=ids).loss
             loss.backward()
             losses.append(loss.item())
+            if cfg.max_norm:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), cfg.max_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
             sched.step()

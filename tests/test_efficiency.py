@@ -208,6 +208,9 @@ def test_exposed_communication_is_the_time_the_steps_wait_for_collectives(strate
     assert all(0 < r["blocked_s"] < r["step_time"] for r in rows)  # every step waits, and does more than wait
     assert result.exposed_comm_s == pytest.approx(sum(r["blocked_s"] for r in rows[1:]) / 3)
     assert result.compute_only_s == pytest.approx(sum(r["step_time"] for r in rows[1:]) / 3 - result.exposed_comm_s)
+    # steps 3 and 4 on the training clock: the steady state, without the first two steps' set-up (issue 54)
+    assert result.steady_steps == 2 and result.steady_step_s == pytest.approx((rows[3]["elapsed_s"]
+                                                                               - rows[1]["elapsed_s"]) / 2)
     if result.energy_j is None:  # this machine has no counter, or trained under a second: the reason is given
         assert result.energy_source.startswith("none: ") and result.tokens_per_j is None
     else:

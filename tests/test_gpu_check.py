@@ -1,9 +1,10 @@
 """bench.gpu_check, the first command on a GPU node, run on CPU ranks: the same entrypoint, specs and checks."""
+import json
 from pathlib import Path
 
 import pytest
 
-from bench import gpu_check, gpu_job
+from bench import gpu_accept, gpu_check, gpu_job
 from bench.gpu_check import layouts, main
 from tests import forked
 from tests.support import clean_env
@@ -87,24 +88,30 @@ def test_compare_needs_the_job(capsys):
 
 
 @pytest.mark.slow
-def test_compare_runs_the_job_each_way_side_by_side(monkeypatch, capsys):
-    """--compare on CPU ranks: eager, compiled (inductor's C++ backend) and compiled with selective checkpointing
-    run and print their line; float8 is refused in one line (no fp8 on a CPU)."""
+def test_gpu_accept_rehearsed_on_cpu_ranks(monkeypatch, capsys, tmp_path):
+    """`python -m bench.gpu_accept` on 2 CPU ranks with the tiny model, the code path a lent GPU runs: the
+    prediction registered first, the job eager, compiled (inductor's C++ backend) and compiled with selective
+    checkpointing side by side (float8 refused in one line: no fp8 on a CPU), the parity rows in torchtitan's
+    setting, each naming what keeps it from torchtitan's figures, and accept.json and README.md written."""
     def forked_torchrun(spec_path, ranks, env):
         ranks = forked.torchrun("train", str(spec_path), nproc=ranks, env={**clean_env(), **env})
         return ranks.wait(timeout=600), ranks.stderr
 
     monkeypatch.setattr(gpu_check, "torchrun", forked_torchrun)
-    status = main(["--device", "cpu", "--ranks", "2", "--check-model", "tiny", "--steps", "1", "--seq-len", "16",
-                   "--strategies", "fsdp", "--model", "tiny", "--job-steps", "2", "--job-seq-len", "32", "--compare"])
+    status = gpu_accept.main(["--device", "cpu", "--ranks", "2", "--model", "tiny", "--steps", "2", "--seq-len", "32",
+                              "--parity-seq-len", "32", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0, out
-    lines = out.splitlines()
-    assert any(line.startswith("compare: tiny, 2 of 2 layers, FSDP over 2 cpu rank(s)") for line in lines), out
-    rows = {variant: next(line for line in lines if line.startswith(variant + " ")) for variant in gpu_job.VARIANTS}
-    for variant in ("eager", "compiled", "compiled + selective AC"):
-        tokens, _mfu, peak, compile_s = rows[variant][34:].split()[:4]
-        assert float(tokens.replace(",", "")) > 0 and float(peak) > 0
-        assert (float(compile_s) > 0) == (variant != "eager")  # compilation timed apart, only where compiled
-    assert "not run: train.float8=true needs a GPU with fp8 tensor cores" in rows["compiled + selective AC + float8"]
-    assert any(line.startswith("compare: torchtitan publishes no figure for 2 x cpu") for line in lines)
+    report = json.loads((tmp_path / "accept.json").read_text())
+    rows = {row["variant"]: row for row in report["rows"]}
+    assert report["prediction"]["dryrun_bytes"] > 0 and report["prediction"]["layers"] == 2
+    for variant in ("eager", "compiled", "compiled + selective AC", "parity: compiled + selective AC"):
+        row = rows[variant]
+        assert row["tokens_per_s_per_device"] > 0 and row["peak_allocated_bytes"] > 0, row
+        assert (row["compile_s"] > 0) == (variant != "eager")  # compilation timed apart, only where compiled
+        assert (row["compile_graphs"], row["compile_recompiles"]) == ((0, 0) if variant == "eager" else (2, 1))
+    assert rows["parity: compiled + selective AC"]["train"]["max_norm"] == 1.0
+    assert "2 x 32 tokens (theirs: 2 x 8192)" in rows["parity: compiled + selective AC"]["differs"]
+    assert "needs a GPU with fp8 tensor cores" in rows["compiled + selective AC + float8"]["not_run"]
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("# GPU acceptance run") and "| compiled | " in readme and report["command"] in readme

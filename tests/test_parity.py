@@ -80,6 +80,9 @@ CASES = {
     "fl_fsdp_diloco_fragments": _spec("fl_fsdp", 2, 1, 2, A=6, train={"outer": "diloco", "outer_fragments": 3}),
     "fl_hsdp_diloco_delay": _spec("fl_hsdp", 2, 2, 1, A=6, train={"outer": "diloco", "outer_fragments": 3,
                                                                   "outer_delay": 1}),
+    # Gradients clipped to a global norm (train.max_norm) small enough that every step clips: the norm is the
+    # group's, over its shards and replicas, as the reference's whole model has it.
+    "fl_hsdp_clipped": _spec("fl_hsdp", 2, 2, 2, A=4, train={"max_norm": 0.05}),
 }
 CHUNK_BYTES = {"fl_fsdp_optstate_chunked": 4096}
 # bf16 on the wire: the two sides' pseudo-gradients differ by ~1e-7 (reduction order), which can round them to

@@ -29,6 +29,7 @@ from train.measure.compile_time import CompileClock
 from train.parallel import float8 as fp8
 from train.parallel import mesh as meshes
 from train.parallel import parallelize, pipeline
+from train.parallel.parallelize import clip_grad_norm
 from train.runtime import checkpoint, launch_env
 from train.runtime.nonfinite import Guard
 from train.runtime.preemption import StopRequest
@@ -90,10 +91,11 @@ class Trainer:
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
         self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0, "compile": 0.0}  # outside the training time
         self._in_apart = False  # inside a _timed_apart section, whose clock already moves past a compilation
-        self.compile_clock = CompileClock(self._compiled) if self.cfg.compile else None
+        self.compile_clock = CompileClock(self._compiled, self._compiling) if self.cfg.compile else None
         self.checkpoints = 0
         self.profiler = profiling.StepProfiler(self.cfg.profile, self.cfg.steps, device)
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
+        self.energy_skips_first = False  # the meter left this attempt's first step out (run's first attempt)
         self.watchdog = None
         if watchdog_tag is not None:
             self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s,
@@ -119,15 +121,16 @@ class Trainer:
         if init == "auto":
             init = "full" if self.params <= FULL_INIT_LIMIT else "meta"
         c = self.cfg
-        if c.float8:
+        played = self.device == "cpu" and self.spec.device == "cuda"  # the dry-run plays a CUDA run on CPU
+        if c.float8 and not played:
             refused = fp8.why_not(self.device, self.layout.T)
             if refused:
                 raise SpecError(refused)
         if init == "full":
             # Every rank builds the same full model from the seed, then keeps its stage and shard.
             torch.manual_seed(c.seed)
-            return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, c)
-        model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, c)
+            return parallelize.parallelize(models.build(self.config, "cpu"), self.mesh, dp_mesh, c, played)
+        model = parallelize.parallelize(models.build(self.config, "meta"), self.mesh, dp_mesh, c, played)
         parallelize.materialize(model, self.device, c.seed, shard_index=self.coord[2], tp_index=self.coord[4])
         return model
 
@@ -160,7 +163,11 @@ class Trainer:
         if self.guard.after_backward(step, loss):  # skip_step: every rank drops this update
             self.state.skipped_steps += 1
         else:
+            if self.cfg.max_norm:
+                clip_grad_norm(self.model, self.cfg.max_norm, self.mesh["pp"])
             self.optimizer.step()
+            if self.cfg.float8_all_gather:
+                fp8.after_optimizer_step(self.model)
         self.optimizer.zero_grad(set_to_none=True)
         self.schedule.step()
         self.state.step = step + 1
@@ -179,11 +186,31 @@ class Trainer:
         if self.watchdog is not None:
             self.watchdog.enter(phase, step)
 
+    def _compiling(self) -> None:
+        """torch.compile starts compiling: the energy meter pauses with the training clock."""
+        if self.meter is not None and not self._in_apart:
+            self.meter.pause()
+
     def _compiled(self, seconds: float) -> None:
         """torch.compile compiled for `seconds` (train.measure.compile_time): timed apart from training."""
         self.apart["compile"] += seconds
         if not self._in_apart:
             self.log.start += seconds
+            if self.meter is not None:
+                self.meter.resume()
+
+    def _energy_after_the_first_step(self) -> None:
+        """tokens/J over the steps tokens/s counts: the meter drops the first step's joules once the device has
+        done it (its end event, asked without waiting; on CPU it is done)."""
+        if self.meter is None or self.cfg.steps < 2:
+            return
+        if self.device == "cuda":
+            done = torch.cuda.Event()
+            done.record()
+            self.meter.restart_when(done.query)
+        else:
+            self.meter.restart_when(lambda: True)
+        self.energy_skips_first = True
 
     @contextmanager
     def _timed_apart(self, what: str):
@@ -228,6 +255,7 @@ class Trainer:
             self.step(i)
             if i == 0:
                 self.state.first_step_compile_s = self.apart["compile"]
+                self._energy_after_the_first_step()
             self.profiler.after(i)
             done = i + 1
             if self.cfg.eval_every and done % self.cfg.eval_every == 0 and done < self.cfg.steps:
@@ -323,21 +351,30 @@ class Trainer:
         profiled = self.profiler.write(Path(self.spec.out_dir), self.rank)  # every rank, or none (one window)
         sent, exchange_s = (self.fedavg.event_bytes, self.fedavg.exchange_s) if self.fedavg is not None else (0, 0.0)
         measured = metrics.across_ranks({  # after training: the run's one read of these
+            **metrics.device_memory(self.device),
             "peak_memory_bytes": ("max", int(metrics.peak_memory_bytes(self.device))),
             "aggregation_bytes": ("max", int(sent)), "aggregation_exchange_s": ("max", float(exchange_s)),
             "skipped_steps": ("max", int(self.state.skipped_steps))}, self.device)
         readings = [None] * self.world
-        dist.all_gather_object(readings, (joules, energy_source))
+        dist.all_gather_object(readings, (joules, energy_source, self.energy_skips_first))
         if self.rank != 0:
             return None
         not_measured = exposed.why_not(self.device, self.layout.T)
+        tokens, seconds = self.state.tokens - before[0], train_time - before[1]
+        first = self.log.first_step()
+        if any(skipped for _, _, skipped in readings) and first is not None:  # the steps tokens/s counts
+            tokens, seconds = tokens - first["tokens"], seconds - (first["step_time"] - self.state.first_step_compile_s)
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD[self.device],
-                      **energy.summary(readings, self.state.tokens - before[0], train_time - before[1], self.world)}
+                      **energy.summary([(j, s) for j, s, _ in readings], tokens, seconds, self.world)}
         profile = {"steps": self.profiler.recorded, "traces": [profiling.trace_name(r) for r in range(self.world)]} \
             if profiled else None
+        clock = self.compile_clock
+        compiled = {"compile_graphs": clock.graphs, "compile_recompiles": clock.recompiles} if clock else {}
         return self.summary(train_time, eval_ppl, eval_time, ranks, backend,
-                            {**measured, "profile": profile, **efficiency, "machine": machine})
+                            {**measured, "profile": profile, **efficiency, "machine": machine, **compiled,
+                             "tf32": self.cfg.tf32 if self.device == "cuda" else None,
+                             "alloc_conf": launch_env.alloc_conf(self.device)})
 
     def _gpu_name(self) -> str | None:
         """This rank's GPU and how many the machine has (None on CPU)."""
@@ -363,6 +400,7 @@ class Trainer:
         spec, cfg = self.spec, self.cfg
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         first = self.log.first_step()
+        steady = self.log.steady_step(spec.layout.A)
         tokens_per_s = tokens / train_time if first is None else \
             (tokens - first["tokens"]) / (train_time - (first["step_time"] - self.state.first_step_compile_s))
         n_params = self.params
@@ -395,7 +433,8 @@ class Trainer:
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             compile_s=self.apart["compile"], eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
-            first_step_s=first["step_time"] if first else None, **measured)
+            first_step_s=first["step_time"] if first else None, steady_step_s=steady[0] if steady else None,
+            steady_steps=steady[1] if steady else None, **measured)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
@@ -403,6 +442,7 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     config = models.llama_config(spec.model)
     source = data.for_run(spec, config.vocab_size)
     env = launch_env.detect(environ)
+    launch_env.expandable_segments(environ)  # before the first CUDA allocation
     if env.world_size != spec.world_size:
         names, sizes = ("F*R*S", spec.layout.shape[:3]) if spec.world_size == spec.layout.dp_world else \
             ("F*R*S*pp*tp", spec.layout.shape)

@@ -60,6 +60,9 @@ class Optimizer:
     warmup_frac: float = key(0.1, "linear warm-up over this share of the steps, then cosine decay",
                              Limit("in [0, 1)", lambda v: 0 <= v < 1))
     min_lr_frac: float = key(0.0, "the cosine's floor, as a share of lr", Limit("in [0, 1]", lambda v: 0 <= v <= 1))
+    max_norm: float = key(0.0, "clip the gradients' global norm (over the group's shards, replicas and stages) to "
+                               "this before each optimizer step; 0: no clipping (torchtitan clips at 1.0)",
+                          Limit("a number >= 0", lambda v: v >= 0))
 
 
 @dataclass
@@ -171,6 +174,14 @@ class Kernels:
                                "compilation is timed apart (result.json's compile_s)")
     float8: bool = key(False, "the decoder layers' matmuls in float8 (torchao's float8 training, `pip install "
                               "fedshard[float8]`); only on GPUs with fp8 (compute capability 8.9+: H100, H200, B200)")
+    float8_all_gather: bool = key(False, "with train.float8: FSDP gathers the decoder layers' weights in float8 "
+                                         "(torchao's enable_fsdp_float8_all_gather, their scales computed once after "
+                                         "each optimizer step), half of bf16's bytes")
+    prefetch: bool = key(True, "FSDP2's implicit prefetch: each unit's all-gather issued one unit ahead, in forward "
+                               "and backward, to overlap the compute before it; false: each all-gather only when its "
+                               "unit is reached, every one exposed, as the paper's FSDP1 ran (forward_prefetch=False, "
+                               "backward_prefetch=None). The same collectives and the same losses; only when they are "
+                               "issued changes")
 
 
 # Bases in reverse: a dataclass lists its bases' fields from the last base to the first.
@@ -181,6 +192,9 @@ class TrainConfig(Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterSt
 
     def validate(self) -> None:
         check_fields(self, "train", SpecError)
+        if self.float8_all_gather and not self.float8:
+            raise SpecError("train.float8_all_gather=true gathers float8 weights, which only train.float8=true has: "
+                            "set both, or neither")
         profile_window(self.profile, self.steps)
         if self.aggregation_dtype != "fp32" and self.average_optimizer_state:
             raise SpecError(f"train.aggregation_dtype={self.aggregation_dtype} compresses pseudo-gradients, which "

@@ -181,6 +181,16 @@ class RunResult:
     first_step_s: float | None = _doc("the run's first step (max over ranks), where communicators are created and "
                                       "memory first allocated: in train_time_s, not in tokens_per_s; null when the "
                                       "run had one step", default=None)
+    steady_step_s: float | None = _doc("seconds per step in steady state, beside train_time_s / steps: rank 0's "
+                                       "training clock (checkpoints, logging, evaluation and compilation left out, "
+                                       "as in train_time_s) from the end of step 2 to the last step, over the steps "
+                                       "between (steps 1 and 2 carry communicator set-up and warm-up); with A, only "
+                                       "the last whole aggregation periods after step 2 (a multiple of A steps, so a "
+                                       "FedAvg counts 1/A, as the step-time model amortises it); on GPU the host's "
+                                       "clock, which keeps the device's pace once its queue is full. Null with fewer "
+                                       "than 3 steps (with A: fewer than A after step 2) and in results written "
+                                       "before it was recorded", default=None)
+    steady_steps: int | None = _doc("the steps steady_step_s covers", default=None)
     energy_source: str | None = _doc("nvml: or rapl: (with the number of node readers), or none: which node could "
                                      "not be measured and why", default=None)
     profile: dict | None = _doc("train.profile's traces: {steps: the steps recorded, traces: one Chrome/Perfetto "
@@ -188,6 +198,22 @@ class RunResult:
                                 "profiler, slower; null when not profiled", default=None)
     started_at: str | None = _doc("when the run's first attempt began training (ISO 8601 UTC): a prediction counts "
                                   "only if it was registered before", default=None)
+    peak_reserved_bytes: int | None = _doc("max over ranks: the peak the CUDA caching allocator reserved (an "
+                                           "out-of-memory follows it, not peak_memory_bytes); null on CPU",
+                                           default=None)
+    device_free_bytes: int | None = _doc("min over ranks: free device memory after training "
+                                         "(torch.cuda.mem_get_info), what the CUDA context, NCCL's buffers and other "
+                                         "processes left beside the reserved memory; null on CPU", default=None)
+    device_total_bytes: int | None = _doc("the device's memory (torch.cuda.mem_get_info); null on CPU", default=None)
+    alloc_conf: str | None = _doc("the caching allocator's setting (the job sets "
+                                  "PYTORCH_ALLOC_CONF=expandable_segments:True unless the user set one); null on "
+                                  "CPU", default=None)
+    tf32: bool | None = _doc("train.tf32 as the run had it on CUDA (fp32 matmuls on TF32 tensor cores); null on "
+                             "CPU", default=None)
+    compile_graphs: int = _doc("graphs torch.compile traced (train.compile): one for every decoder layer, one more "
+                               "for evaluation", default=0)
+    compile_recompiles: int = _doc("of those, traces of a frame traced before (evaluation's mode is one); more "
+                                   "means a step recompiled", default=0)
     config: str | None = _doc("the configuration this run repeats: its layout's name and multirun point (the "
                               "spec's config); the report groups repeats by it. Null in results before 2026-12-06, "
                               "whose run_id carried it", default=None)

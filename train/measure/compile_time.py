@@ -17,8 +17,10 @@ class CompileClock:
     (dynamo's handler is process-wide: a trainer that never finishes train(), as in tests and the dry-run, is
     not kept alive by it)."""
 
-    def __init__(self, spent: Callable[[float], None]):
+    def __init__(self, spent: Callable[[float], None], starting: Callable[[], None] | None = None):
+        """`spent(seconds)` after each compilation; `starting()` before it (both bound methods, held weakly)."""
         self.spent, self.started = weakref.WeakMethod(spent), 0.0
+        self.starting = weakref.WeakMethod(starting) if starting is not None else None
         self.graphs = self.recompiles = 0  # dynamo's traces (backward compilations not counted)
         handler = torch._dynamo.callback.callback_handler
         self._start = handler.register_start_callback(self._on_start)
@@ -26,6 +28,9 @@ class CompileClock:
 
     def _on_start(self, args) -> None:
         self.started = time.perf_counter()
+        starting = self.starting() if self.starting is not None else None
+        if starting is not None:
+            starting()
         if args.callback_trigger == torch._dynamo.callback.CallbackTrigger.DYNAMO:
             self.graphs += 1
             self.recompiles += _compile_index(str(args.compile_id)) > 0

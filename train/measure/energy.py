@@ -117,17 +117,33 @@ class EnergyMeter:
         self._since: tuple[float, float] | None = None  # (counter, clock) when the current window opened
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._restart: Callable[[], bool] | None = None  # restart_when
 
     def start(self) -> None:
         self.resume()
         self._thread = threading.Thread(target=self._sample, name="energy-sampler", daemon=True)
         self._thread.start()
 
+    def restart_when(self, ready: Callable[[], bool]) -> None:
+        """Drop what was measured so far at the first sample (or stop) after `ready()` holds: the run's first step,
+        which tokens/s leaves out, is left out of the joules too (on a GPU `ready` asks the first step's end event,
+        without waiting for it)."""
+        with self._lock:
+            self._restart = ready
+
     def _sample(self) -> None:
         while not self._stopped.wait(self.every_s):
             with self._lock:
+                self._maybe_restart()
                 if self._since is not None:
                     self._since = self._advance()
+
+    def _maybe_restart(self) -> None:
+        if self._restart is not None and self._restart():
+            self._restart = None
+            if self._since is not None:
+                self._since = (self.read(), time.perf_counter())
+            self.joules = self.seconds = 0.0
 
     def _advance(self) -> tuple[float, float]:
         """Add the open window's joules and seconds up to now; returns (counter, clock) now."""
@@ -152,6 +168,8 @@ class EnergyMeter:
         self._stopped.set()
         if self._thread is not None:
             self._thread.join()
+        with self._lock:
+            self._maybe_restart()
         self.pause()
         return self.joules if self.seconds >= MIN_WINDOW_S else None
 

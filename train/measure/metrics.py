@@ -152,6 +152,19 @@ class StepLog:
         rows = self.rows
         return rows[0] if len(rows) > 1 and rows[0]["step"] == 1 and "tokens" in rows[0] else None
 
+    def steady_step(self, A: int | None) -> tuple[float, int] | None:
+        """(mean seconds per step, steps) after step 2, on the training clock (elapsed_s): from step s0 to the last
+        step N, s0 = 2, or with an aggregation period A the latest s0 >= 2 with N - s0 a multiple of A, so the window
+        holds whole periods (RunResult.steady_step_s); None when no such window or row is there."""
+        if not self.rows:
+            return None
+        last = self.rows[-1]["step"]
+        start = 2 + ((last - 2) % A if A else 0)
+        first = next((r for r in self.rows if r["step"] == start), None)
+        if last - start < 1 or first is None:
+            return None
+        return (self.rows[-1]["elapsed_s"] - first["elapsed_s"]) / (last - start), last - start
+
     def final_loss(self, window: int) -> float:
         tail = self.rows[-window:]
         return sum(r["loss"] for r in tail) / len(tail)
@@ -164,7 +177,18 @@ def peak_memory_bytes(device: str) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-REDUCTIONS = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM}
+def device_memory(device: str) -> dict[str, tuple[str, int]]:
+    """On a GPU, beside the peak allocated (what tensors held): the peak the caching allocator reserved, and the
+    device's least free and total memory now (torch.cuda.mem_get_info: what the CUDA context, NCCL's buffers and
+    other processes leave), for across_ranks; nothing on CPU."""
+    if device != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"peak_reserved_bytes": ("max", int(torch.cuda.max_memory_reserved())),
+            "device_free_bytes": ("min", int(free)), "device_total_bytes": ("max", int(total))}
+
+
+REDUCTIONS = {"max": dist.ReduceOp.MAX, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN}
 
 
 def across_ranks(values: dict[str, tuple[str, float]], device: str) -> dict[str, float | int]:

@@ -23,7 +23,8 @@ aten = torch.ops.aten
 SAVED = {aten.mm.default, aten._scaled_dot_product_flash_attention.default,
          aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
          aten._scaled_dot_product_flash_attention_for_cpu.default,
-         torch.ops._c10d_functional.reduce_scatter_tensor.default}
+         torch.ops._c10d_functional.reduce_scatter_tensor.default,
+         aten.max.default}  # a float8 scale's amax (torchtitan saves it: recomputing it would rescale)
 
 
 def selective_context():

@@ -31,12 +31,23 @@ def why_not(device: str, tp: int) -> str | None:
     return None
 
 
-def convert(model: torch.nn.Module) -> None:
-    """Swap the decoder layers' nn.Linear for torchao's Float8Linear (module docstring), in place."""
+def convert(model: torch.nn.Module, all_gather: bool = False, emulate: bool = False) -> None:
+    """Swap the decoder layers' nn.Linear for torchao's Float8Linear (module docstring), in place; `all_gather`:
+    FSDP gathers their weights in float8 (train.float8_all_gather); `emulate`: float8 arithmetic without fp8
+    hardware (the dry-run plays a CUDA run's memory on CPU)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     def eligible(module: torch.nn.Module, name: str) -> bool:
         return (isinstance(module, torch.nn.Linear) and ".layers." in f".{name}"
                 and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
-    convert_to_float8_training(model, config=Float8LinearConfig(), module_filter_fn=eligible)
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather, emulate=emulate)
+    convert_to_float8_training(model, config=config, module_filter_fn=eligible)
+
+
+def after_optimizer_step(model: torch.nn.Module) -> None:
+    """With float8 all-gathers, each weight's scale for the next gathers, computed once for all of them (one
+    all_reduce of the amaxes within the group), as torchtitan does after every optimizer step."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)

@@ -6,8 +6,9 @@ import hashlib
 import logging
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from train.contract.config import TrainConfig
@@ -24,7 +25,8 @@ def mixed_precision(precision: str, reduce_dtype: str) -> MixedPrecisionPolicy:
                                 reduce_dtype=DTYPES[reduce_dtype])
 
 
-def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, cfg: TrainConfig) -> torch.nn.Module:
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, cfg: TrainConfig,
+                emulate_float8: bool = False) -> torch.nn.Module:
     """This rank's part of a whole LlamaForCausalLM (built on cpu from the seed, or on meta), in torchtitan's order:
     its decoder layers' matmuls in float8 (train.float8: train.parallel.float8), its pipeline stage, split over the
     tensor-parallel group (train.sequence_parallel: train.parallel.tensor), each layer checkpointed as
@@ -34,7 +36,7 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, c
     if cfg.float8:
         from train.parallel import float8 as fp8
 
-        fp8.convert(model)
+        fp8.convert(model, cfg.float8_all_gather, emulate_float8)
     model_plan = type(model)._tp_plan or {}
     pipelined = mesh["pp"].size() > 1
     if pipelined:
@@ -50,17 +52,18 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, dp_mesh: DeviceMesh, c
         torch._dynamo.config.ignore_logging_functions.add(logging.Logger.warning_once)
         for layer in pipeline.decoder_layers(model):
             layer.compile(fullgraph=True)  # in place: parameter names stay (FedAvg's alignment, checkpoints)
-    return shard(model, dp_mesh, cfg.precision, cfg.reduce_dtype, pipelined)
+    return shard(model, dp_mesh, cfg.precision, cfg.reduce_dtype, pipelined, cfg.prefetch)
 
 
 def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str, reduce_dtype: str,
-          pipelined: bool = False) -> torch.nn.Module:
+          pipelined: bool = False, prefetch: bool = True) -> torch.nn.Module:
     """torchtitan's FSDP units: the embedding, each decoder layer, and lm_head, which backward needs first and so
     stays gathered after forward, as does the root unit, which keeps the final norm (torchtitan's unit of [norm,
     lm_head] is reduced in two halves here, since transformers' Llama runs the norm inside its LlamaModel: the
     norm's backward, after lm_head's gradient is reduced, gathers the unit again). Tied embeddings (one parameter in
     two places) stay in the root unit too. Under pipeline parallelism no unit is resharded after forward: each
-    microbatch's forward would gather it again."""
+    microbatch's forward would gather it again. Without `prefetch` (train.prefetch=false) each unit's all-gather is
+    issued only when the unit is reached (no_prefetch)."""
     if precision == "paper":
         cast(model, torch.bfloat16)
     options = {"mesh": dp_mesh, "mp_policy": mixed_precision(precision, reduce_dtype),
@@ -78,7 +81,21 @@ def shard(model: torch.nn.Module, dp_mesh: DeviceMesh, precision: str, reduce_dt
         # gloo has no PREMUL_SUM: reduce with SUM and divide afterwards.
         for unit in (model, *ends):
             unit.set_force_sum_reduction_for_comms(True)
+    if not prefetch:
+        no_prefetch(model)
     return model
+
+
+def no_prefetch(model: torch.nn.Module) -> None:
+    """FSDP2 as the paper's FSDP1 ran (forward_prefetch=False, backward_prefetch=None): every unit's all-gather
+    issued when the unit is reached and behind the compute already queued, so none overlaps compute. In forward the
+    pre-forward unshard runs with async_op=True, on the compute stream rather than FSDP2's all-gather streams (which
+    let the next unit's all-gather run beside this one's compute); in backward each unit names only itself to
+    prefetch, which replaces FSDP2's default (the next unit in reverse order) and is a no-op, as the unit is already
+    gathered by then. The collectives and their results are the same."""
+    for unit in [m for m in model.modules() if isinstance(m, FSDPModule)]:
+        unit.set_modules_to_backward_prefetch([unit])
+        unit._set_unshard_async_op(True)  # FSDPModule's own switch (torch >= 2.6; private, documented there)
 
 
 def cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -122,3 +139,18 @@ def materialize(model: torch.nn.Module, device: str, seed: int, shard_index: int
             key = hashlib.blake2b(f"{seed}/{name}/{where}".encode(), digest_size=8).digest()
             gen = torch.Generator(device=device).manual_seed(int.from_bytes(key, "little") >> 1)
             local(param).normal_(0.0, std, generator=gen)
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float, pp_mesh: DeviceMesh) -> None:
+    """Scale the gradients so their global norm is at most `max_norm` (train.max_norm), as torchtitan clips: each
+    DTensor gradient's norm reduced over its mesh (the group's shards, replicas and tensor-parallel ranks), the
+    squares summed over the pipeline's stages; no host read (the scale is applied on the device)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if hasattr(total, "full_tensor"):
+        total = total.full_tensor()
+    if pp_mesh.size() > 1:
+        total = total ** 2
+        dist.all_reduce(total, group=pp_mesh.get_group())
+        total = total ** 0.5
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total, foreach=True)

@@ -173,3 +173,20 @@ def shutdown(env: DistEnv, run_dir: Path) -> None:
     dist.barrier()
     forget_rendezvous(env, run_dir)
     dist.destroy_process_group()
+
+
+ALLOC_CONF = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # torch's allocator settings, new name and old
+
+
+def expandable_segments(environ=os.environ) -> None:
+    """The CUDA caching allocator grows segments in place instead of fragmenting (expandable_segments:True), unless
+    the user set its configuration; read at the first CUDA allocation, so set before the model is built."""
+    if not any(name in environ for name in ALLOC_CONF):
+        environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+
+
+def alloc_conf(device: str) -> str | None:
+    """The allocator configuration the run had (result.json), None on CPU."""
+    if device != "cuda":
+        return None
+    return next((f"{name}={os.environ[name]}" for name in ALLOC_CONF if name in os.environ), "(torch's default)")
