@@ -22,7 +22,7 @@ from pathlib import Path
 import submitit
 
 from launcher.placement import topology
-from launcher.placement.injob import PlacedTrainJob
+from launcher.placement.injob import PlacedTrainJob, PreflightedJob
 from launcher.placement.topology import Topology
 from launcher.settings import Cluster
 from launcher.slurm import jobenv, scontrol
@@ -93,8 +93,14 @@ class Scheduler:
         """What every task runs: the scheduler's rank order (placement by topology reorders it: Slurm)."""
         return TrainJob(str(spec_path))
 
-    def submit(self, planned: PlannedRun, spec_path: Path, folder: Path, topology_path: Path):
+    def submit(self, planned: PlannedRun, spec_path: Path, folder: Path, topology_path: Path,
+               preflight: tuple[int, int, float] | None = None):
+        """`preflight`: (bytes, iterations, fraction) when the job checks its nodes before training
+        (cluster.preflight: launcher.placement.injob.PreflightedJob)."""
         job = self.entrypoint(planned, spec_path, topology_path)
+        if preflight is not None:
+            job = PreflightedJob(job, str(topology_path), planned.placement.hosts, self.cluster.device,
+                                 self.cluster.backend, preflight)
         return self.submit_job(self.executor(planned, folder), job, planned.run.run_id, folder)
 
     def submit_job(self, executor, job, name: str, folder: Path):
@@ -279,11 +285,12 @@ class Slurm(Scheduler):
             return PlacedTrainJob(str(spec_path), str(topology_path), self.cluster.gpus_per_node)
         return super().entrypoint(planned, spec_path, topology_path)
 
-    def submit(self, planned: PlannedRun, spec_path: Path, folder: Path, topology_path: Path):
+    def submit(self, planned: PlannedRun, spec_path: Path, folder: Path, topology_path: Path,
+               preflight: tuple[int, int, float] | None = None):
         """A pinned run's hostfile is written (atomically) before its job exists."""
         if self.cluster.placement == "pinned":
             write_atomic(hostfile_path(planned.run), planned.placement.hostfile())
-        return super().submit(planned, spec_path, folder, topology_path)
+        return super().submit(planned, spec_path, folder, topology_path, preflight)
 
     def submit_job(self, executor, job, name: str, folder: Path):
         """sbatch is tried again only when slurmctld was busy or away (SBATCH_TRANSIENT); any other refusal is one

@@ -197,9 +197,10 @@ def _run(settings: Settings, grid: Layout, nodes: int, note: str, rep: int, poin
         raise ConfigError(f"{grid.strategy} on {nodes} nodes needs {grid.world} ranks but cluster {cluster.name!r} "
                           f"holds at most {cluster.max_ranks} (cluster.max_ranks)")
     train = per_pipeline({**asdict(settings.train), "batch_per_rank": batch}, grid.T, grid.P)
+    peak = cluster.peak_flops_fp8 if settings.train.float8 else cluster.peak_flops  # MFU against what it runs
     raw = {"strategy": grid.strategy, "F": grid.F, "R": grid.R, "S": grid.S, "A": grid.A, "out_dir": "pending",
            "model": settings.model.to_dict(), "data": data_to_dict(settings.data), "train": train,
-           "device": cluster.device, "backend": cluster.backend, "peak_flops": cluster.peak_flops,
+           "device": cluster.device, "backend": cluster.backend, "peak_flops": peak,
            "axes": dict(point), "repeat": rep, "rank_order": cluster.rank_order}
     try:
         spec = RunSpec.from_dict(raw)  # out_dir follows from the run id

@@ -24,10 +24,3 @@ def tiny_tokenizer(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok") / "tok"
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="[EOS]", unk_token="[UNK]").save_pretrained(path)
     return path
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (-n 2) the SLURM testbed's tests share one worker: one testbed at a time on a machine."""
-    for item in items:
-        if item.module.__name__.startswith("tests.test_testbed"):
-            item.add_marker(pytest.mark.xdist_group("testbed"))

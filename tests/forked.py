@@ -120,7 +120,10 @@ class Ranks:
     def _end_the_rest(self, grace_s: float = 3.0) -> None:
         for p in self._procs:
             if p.exitcode is None:
-                os.kill(p.pid, signal.SIGTERM if grace_s else signal.SIGKILL)
+                try:
+                    os.kill(p.pid, signal.SIGTERM if grace_s else signal.SIGKILL)
+                except ProcessLookupError:  # it ended between the check and the signal
+                    pass
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(p.exitcode is None for p in self._procs):
             time.sleep(0.05)

@@ -138,6 +138,15 @@ def locked_sweep(ctx: Ctx):
     ctx.held.append(fh)
 
 
+def exported_before(ctx: Ctx):
+    """results/smoke's fsdp run with a published checkpoint, and the hf/ directory an earlier export filled."""
+    run = ctx.results / "local" / "smoke" / "fsdp-F1-R1-S4"
+    (run / "checkpoints" / "step-000006").mkdir(parents=True)
+    (run / "checkpoints" / "step-000006" / "meta.json").write_text('{"step": 6}')
+    (run / "hf").mkdir()
+    (run / "hf" / "config.json").write_text("{}")
+
+
 def symlinked_sweep(ctx: Ctx):
     """results/smoke is a link to a directory outside results/."""
     (ctx.tmp / "elsewhere").mkdir()
@@ -578,6 +587,17 @@ CASES = [
     ("prepare-other-tokenizer", launcher("action=prepare", "data=tokens", "data.path={tmp}/tokens",
                                          "data.tokenizer={tmp}/tok2", "prepare.sources=[{tmp}/corpus]"),
      "{tmp}/tokens was prepared with tokenizer ", both(prepared_tokens(), edited_tokenizer)),
+    # ---- action=export: a run's model as a Hugging Face directory
+    ("export-without-run", launcher("action=export"), "action=export needs run=RUN_ID (action=status lists the "
+                                                      "sweep's runs)", None),
+    ("export-unknown-run", launcher("action=export", "run=nope"),
+     "run=nope is not a run of sweep smoke on cluster local; its runs: fsdp-F1-R1-S4, fl_fsdp-F2-R1-S2-A2", None),
+    ("export-no-checkpoint", launcher("action=export", "run=fsdp-F1-R1-S4"),
+     "fsdp-F1-R1-S4 has no checkpoint to export ({tmp}/results/local/smoke/fsdp-F1-R1-S4/checkpoints holds none): a "
+     "run trained with train.checkpoint_every=K makes one every K steps and after its last step", earlier_run()),
+    ("export-out-not-empty", launcher("action=export", "run=fsdp-F1-R1-S4"),
+     "export.out={tmp}/results/local/smoke/fsdp-F1-R1-S4/hf exists and is not empty: name a new or empty directory",
+     both(earlier_run(), exported_before)),
     # ---- run identity: results of another experiment are never reused
     ("other-experiment", launcher("model=tiny"),
      "{tmp}/results/local/smoke/fsdp-F1-R1-S4 holds a run of another experiment (model.preset: 'small' -> 'tiny'); "
@@ -587,6 +607,11 @@ CASES = [
     ("other-experiment-rank-order", launcher("cluster.placement=slurm"), "(rank_order: 'topology' -> 'slurm')",
      results_file("manifest.jsonl", '{"run_id": "fsdp-F1-R1-S4", "attempts": 1, "state": "COMPLETED", '
                                     '"cluster": "local", "rank_order": "topology"}\n')),
+    ("preflight-fraction", launcher("action=preflight", "preflight.fraction=2"),
+     "preflight.fraction must be a number in (0, 1), got 2", None),
+    ("legacy-first-repeat", launcher("sweep.repeats=2"),
+     "{tmp}/results/local/smoke/fsdp-F1-R1-S4-rep1 holds repeat 1 of fsdp-F1-R1-S4 as an earlier fedshard named it; "
+     "this one names it fsdp-F1-R1-S4: rename the directory", results_file("fsdp-F1-R1-S4-rep1/spec.json", "{}")),
     # ---- rendezvous (loopback only)
     ("rendezvous-unreachable", train(**FL2), "rank 1 of 2: nothing answers at the rendezvous tcp://127.0.0.1:{port} "
                                              "(rank 0's address, from MASTER_ADDR/MASTER_PORT) after "

@@ -2,7 +2,7 @@
 must not hide the task's exception (a NonFiniteError under srun was retried because of it)."""
 from types import SimpleNamespace
 
-from launcher.actions.run import failure_reason, retryable
+from launcher.actions.outcome import failure_reason, retryable
 from train.contract import submitit_compat
 
 

@@ -11,8 +11,9 @@ import pytest
 import submitit
 
 from launcher import scheduler as schedulers
+from launcher.actions.outcome import NODE_FAILURE, retryable
 from launcher.actions.plan import plan
-from launcher.actions.run import NODE_FAILURE, Sweeper, retryable
+from launcher.actions.run import Sweeper
 from launcher.settings import compose
 from launcher.sweep import expand
 from tests.support import ROOT, make_result
@@ -83,7 +84,7 @@ class Scripted(schedulers.Local):
         super().__init__(cluster)
         self.outcomes, self.submitted, self.cancelled = list(outcomes), [], []
 
-    def submit(self, planned, spec_path: Path, folder: Path, topology_path: Path):
+    def submit(self, planned, spec_path: Path, folder: Path, topology_path: Path, preflight=None):
         state, result, stderr = self.outcomes.pop(0)
         job_id = str(4242 + len(self.submitted))
         job = SimpleNamespace(job_id=job_id, paths=SimpleNamespace(folder=folder), run_dir=spec_path.parent,

@@ -12,6 +12,9 @@ import pytest
 from tests.support import ROOT, wait_for
 from tests.test_testbed import LAB, _running_testbed, lab
 
+# Under pytest-xdist (-n) every testbed test runs on one worker: one testbed at a time on a machine.
+pytestmark = pytest.mark.xdist_group("testbed")
+
 
 @pytest.fixture
 def testbed_without_accounting():

@@ -1,5 +1,5 @@
 """The launcher's actions, one module each (action=run, plan, dryrun, report, probe, validate, prepare, status,
-cancel, tail, init_cluster), each a function of the Experiment; TABLE maps the word to it."""
+cancel, tail, init_cluster, export), each a function of the Experiment; TABLE maps the word to it."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -60,10 +60,23 @@ def _init_cluster(e: Experiment) -> int:
     return init_cluster(e.settings)
 
 
+def _export(e: Experiment) -> int:
+    from launcher.actions.export import export
+
+    return export(e.settings, e.runs)
+
+
+def _preflight(e: Experiment) -> int:
+    from launcher.actions.preflight import preflight
+
+    return preflight(e.settings, e.runs)
+
+
 TABLE: dict[str, Callable[[Experiment], int]] = {
     "run": _run, "plan": _plan, "dryrun": _plan, "report": _report, "probe": _probe, "validate": _validate,
     "prepare": _prepare, "status": _control("status"), "cancel": _control("cancel"), "tail": _control("tail"),
-    "init_cluster": _init_cluster,
+    "init_cluster": _init_cluster, "export": _export,
+    "preflight": _preflight,
 }
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from launcher import scheduler as schedulers
-from launcher.actions.run import failure_reason
+from launcher.actions.outcome import failure_reason
 from launcher.records.lock import SweepLock
 from launcher.settings import Settings, check_name
 from launcher.submit import task_lines

@@ -6,7 +6,9 @@ import time
 
 from launcher import progress, shrink
 from launcher import scheduler as schedulers
+from launcher.actions.outcome import MAX_PREEMPTIONS, NODE_FAILURE, failure_reason, preflight_named, retryable
 from launcher.actions.plan import plan
+from launcher.placement import health
 from launcher.planning import place_one, usable_nodes
 from launcher.prediction import probe_file
 from launcher.records.lock import SweepLock, cancel_requested, clear_cancel
@@ -19,43 +21,8 @@ from launcher.report.write import outputs, write_report
 from launcher.settings import Settings
 from launcher.submit import attempt_folder
 from launcher.sweep import PlannedRun, Run, expand
-from train.contract import submitit_compat
-from train.contract.common import AlignmentError, DataError, NonFiniteError, SpecError
 from train.contract.machine import host_digest
 from train.contract.result import RunResult
-
-# Failures that fail the same way on a second try: the job's spec, data or layout is wrong, or its values went
-# non-finite (a rerun resumes from the same checkpoint with the same data). Anything else
-# (a node failure, pre-emption, a timeout, a rendezvous that did not come up, a killed task) is retried.
-DETERMINISTIC = tuple(cls.__name__ for cls in (SpecError, DataError, AlignmentError, NonFiniteError))
-# SLURM ended the job because a node failed: whatever the surviving tasks wrote, another attempt may pass
-NODE_FAILURE = "node failure (SLURM: NODE_FAIL)"
-# A job SLURM preempted (PREEMPTED: PreemptMode=CANCEL, or a requeue that did not happen) is resubmitted to resume
-# from its checkpoint; it is neither a failure nor a retry. Past this many in one invocation it counts as a failure.
-MAX_PREEMPTIONS = 10
-
-
-def retryable(reason: str) -> bool:
-    """Whether a failed run may pass on another attempt, from the error line its tasks left (and a node failure's
-    name, which the launcher puts before it)."""
-    return NODE_FAILURE in reason or not any(f"{name}:" in reason for name in DETERMINISTIC)
-
-
-def failure_reason(job, tasks: int) -> str:
-    """The last error line the job's tasks wrote (read from their logs: asking submitit would wait on sacct)."""
-    for task in range(tasks):
-        try:
-            text = submitit_compat.task_paths(job.paths.folder, job.job_id, task).stderr.read_text(errors="replace")
-        except OSError:
-            continue
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        # srun's own "srun: error: ... Exited with exit code 1" follows the task's exception: it says only that
-        # the task failed, and would hide which error (and so whether a retry can pass)
-        errors = [line for line in lines if ("fedshard: error" in line or "Error" in line or "error:" in line)
-                  and not line.startswith("srun: ")]
-        if errors:
-            return errors[-1][:300]
-    return "no result.json (see the submitit logs)"
 
 
 class Sweeper:
@@ -86,9 +53,11 @@ class Sweeper:
         spec_path, folder = run_dir / "spec.json", attempt_folder(run_dir, attempt)
         new_dir = not run_dir.exists()
         run.spec.save(spec_path)
+        (run_dir / health.FILE).unlink(missing_ok=True)  # what an earlier attempt's preflight named is acted on
         registered = self.registry is not None and self.registry.register(run.run_id)
         try:
-            job = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json")
+            job = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json",
+                                        self._preflight())
         except BaseException:  # nothing stays registered or written for a run that was never submitted
             shutil.rmtree(run_dir if new_dir else folder, ignore_errors=True)
             if registered and not new_dir:
@@ -231,17 +200,32 @@ class Sweeper:
             self.lost[run_id] = self.scheduler.lost_nodes(nodes)
         return self.lost.get(run_id, [])
 
+    def _preflight(self) -> tuple[int, int, float] | None:
+        """What a job's own preflight asks (cluster.preflight), None when it has none."""
+        if not self.cluster.preflight:
+            return None
+        p = self.settings.preflight
+        return p.bytes or (64 << 20 if self.cluster.device == "cuda" else 1 << 20), p.iters, p.fraction
+
     def _resubmission(self, planned: PlannedRun) -> PlannedRun | None:
         """What a retry submits: the same run, or, when its attempt lost nodes and retry_shrink is on, the run
         placed on the nodes left: the largest layout of its strategy that they hold (shrink.layout_on), recorded
         in the manifest. None (and one line) when they cannot hold it."""
         run = planned.run
-        lost = self.lost.get(run.run_id)
-        if not lost or not self.settings.retry_shrink:
+        slow = preflight_named(self.settings.sweep_dir / run.run_id)  # its job's preflight: leave them out
+        lost = self.lost[run.run_id] = sorted({*self.lost.get(run.run_id, []), *slow})
+        if not lost or (not slow and not self.settings.retry_shrink):
             return planned
+        if slow:
+            print(f"{run.run_id}: its preflight named {', '.join(slow)}: placing it without them", flush=True)
         topo, _, real = self.scheduler.topology()
         usable = [n for n in usable_nodes(self.settings, topo, [run])[0] if n not in lost]
         G = self.cluster.gpus_per_node
+        if len(usable) < run.nodes and not self.settings.retry_shrink:
+            self.failed[run.run_id] = (f"{len(usable)} usable node(s) are left without {', '.join(lost)} and the run "
+                                       f"needs {run.nodes}: retry_shrink=true would resume it on fewer")
+            print(f"fedshard: {run.run_id}: {self.failed[run.run_id]}", flush=True)
+            return None
         try:
             to = run if len(usable) >= run.nodes else \
                 shrink.resized(run, shrink.layout_on(run.spec, len(usable), G), G, f"lost {', '.join(lost)}")
@@ -387,3 +371,4 @@ def _run_reference_first(sweeper: Sweeper, planned: list[PlannedRun], target: Re
         return
     target.declare(results)
     sweeper.run([p for p in planned if p.run.run_id not in reference], total=len(planned))
+

@@ -70,6 +70,11 @@ class Store:
         clashes = []
         for spec in specs:
             run_dir = self.sweep_dir / spec.run_id
+            legacy = self.sweep_dir / f"{spec.config}-rep1"  # before 2026-12-06 a first repeat could be named so
+            if spec.repeat == 1 and legacy.is_dir() and not run_dir.exists():
+                raise StateError(f"{legacy} holds repeat 1 of {spec.config} as an earlier fedshard named it; this one "
+                                 f"names it {run_dir.name}: rename the directory (mv {legacy} {run_dir}) to resume "
+                                 f"or reuse it, or use another results_dir")
             entry = self.entries.get(spec.run_id, {})
             changes = [f"{key}: {entry[key]!r} -> {now!r}" for key, now in (("cluster", cluster),
                        ("rank_order", rank_order)) if entry.get(key) not in (None, now)]

@@ -16,14 +16,18 @@ from pathlib import Path
 from launcher.settings.secrets import redact
 from launcher.settings.sections import (
     Cluster,
+    Export,
     Init,
     Plan,
+    Preflight,
     Prepare,
     Probe,
     Sweep,
     Wandb,
+    export_section,
     init_section,
     plan_section,
+    preflight_section,
     prepare_section,
     probe_section,
     typed,
@@ -46,7 +50,7 @@ _LAUNCHER = Path(__file__).resolve().parent.parent
 CONF_DIR = next((d for d in (_LAUNCHER / "conf", _LAUNCHER.parent / "conf") if (d / "config.yaml").exists()),
                 _LAUNCHER.parent / "conf")
 ACTIONS = ("run", "plan", "report", "probe", "validate", "prepare", "dryrun", "status", "cancel", "tail",
-           "init_cluster")
+           "init_cluster", "export", "preflight")
 # What a multirun (-m) may sweep: what is trained, on what data, with what model (launcher.multirun). A sweep's own
 # axes (strategies, A, F, nodes, tp, pp) are lists in one value instead: sweep.A=[8,16].
 MULTIRUN_SECTIONS = ("train", "model", "data")
@@ -71,7 +75,9 @@ class Settings:
     prepare: Prepare
     plan: Plan
     init: Init
-    run: str | None = None  # action=tail: the run id whose log to follow
+    export: Export
+    preflight: Preflight
+    run: str | None = None  # action=tail: the run id whose log to follow; action=export: the run to export
 
     @property
     def sweep_dir(self) -> Path:
@@ -184,7 +190,7 @@ def compose(overrides: list[str]) -> Settings:
     for key in ("poll_s", "progress_s"):
         if not matches(raw[key], float) or not raw[key] > 0:
             raise ConfigError(f"{key} must be a number > 0, got {raw[key]!r}")
-    for key in ("model", "train", "data", "wandb", "probe", "prepare", "plan", "init"):
+    for key in ("model", "train", "data", "wandb", "probe", "prepare", "plan", "init", "export", "preflight"):
         if not isinstance(raw[key], dict):
             raise ConfigError(f"{key} must be a mapping, got {raw[key]!r}")
     if not isinstance(raw["results_dir"], str) or not raw["results_dir"] or "\0" in raw["results_dir"]:
@@ -208,7 +214,8 @@ def compose(overrides: list[str]) -> Settings:
         train=train_settings(raw["train"], sweep, overrides), data=data_section(raw["data"]),
         wandb=wandb_section(raw["wandb"]), probe=probe_section(raw["probe"]),
         prepare=prepare_section(raw["prepare"]), plan=plan_section(raw["plan"]),
-        init=init_section(raw["init"]), run=_run_id(raw["run"]))
+        init=init_section(raw["init"]), export=export_section(raw["export"]),
+        preflight=preflight_section(raw["preflight"]), run=_run_id(raw["run"]))
 
 def yaml_error(exc) -> str:
     """A YAML syntax error as one line, `FILE:LINE:COLUMN: what` (PyYAML's marks count from 0), with where the

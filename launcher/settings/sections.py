@@ -1,5 +1,5 @@
-"""The settings' sections as typed dataclasses (cluster, sweep, wandb, probe, prepare, plan, init), each checked
-whole when it is read: one clear line naming the key for every mistake."""
+"""The settings' sections as typed dataclasses (cluster, sweep, wandb, probe, prepare, plan, init, export), each
+checked whole when it is read: one clear line naming the key for every mistake."""
 from __future__ import annotations
 
 import os
@@ -28,6 +28,7 @@ class Cluster:
     time_min: int
     max_ranks: int | None = None
     peak_flops: float | None = None
+    peak_flops_fp8: float | None = None  # per device, dense fp8: float8 runs' MFU (null: not computed for them)
     gpu_memory_GB: float | None = None  # each device's memory: a layout that cannot fit is refused (null: no check)
     memory_reserve_GB: float | None = None  # kept free on each device (CUDA context, NCCL buffers, fragmentation):
                                             # the dry-run's peak must fit gpu_memory_GB less this (null: 0)
@@ -48,6 +49,7 @@ class Cluster:
     placement: str = "in_job"
     switches_wait_min: int = 5
     sequential: bool = False      # submit one run at a time (always so for the local executor)
+    preflight: bool = False       # every run's job checks its nodes before training (action=preflight's check)
     python: str | None = None     # the interpreter the job's tasks run (null: this one, sys.executable); it must
                                   # exist at that path on the nodes (a venv on a shared filesystem)
     cpus_per_task: int | None = None  # sbatch --cpus-per-task (null: the site's default, often 1)
@@ -146,10 +148,13 @@ class Wandb:
 
 @dataclass
 class Probe:
-    """action=probe: collectives up to max_bytes, each point the median of `iters` calls (launcher.actions.probe)."""
+    """action=probe: collectives up to max_bytes, each point the median of at least `iters` calls; each compute
+    calibration measures for up to budget_s seconds (launcher.actions.probe)."""
 
     max_bytes: int
     iters: int
+    budget_s: float = 10.0  # per calibration (a workload, a layout, a 0-layer step): rounds until a layer is known
+                            # within ±5 % or this has passed (train.measure.calibrate)
 
 
 @dataclass
@@ -163,6 +168,24 @@ class Init:
     (launcher.actions.init_cluster)."""
 
     name: str | None = None
+    out: str | None = None
+
+
+@dataclass
+class Preflight:
+    """action=preflight and cluster.preflight (launcher.actions.preflight): how hard to look and what counts as
+    slow."""
+
+    bytes: int | None = None  # ping-pong message size per link (null: 64 MiB on GPUs, 1 MiB on CPU ranks)
+    iters: int = 5
+    fraction: float = 0.5  # of the peers' median (or of cluster.bandwidth_GBps) below which a rank or link is named
+
+
+@dataclass
+class Export:
+    """action=export: where run=RUN_ID's trained model goes as a Hugging Face directory (launcher.actions.export);
+    null: <run dir>/hf."""
+
     out: str | None = None
 
 
@@ -228,6 +251,24 @@ def init_section(raw: dict) -> Init:
     return init
 
 
+def preflight_section(raw: dict) -> Preflight:
+    preflight = typed(Preflight, raw, "preflight")
+    if preflight.bytes is not None and (not matches(preflight.bytes, int) or preflight.bytes < 1024):
+        raise ConfigError(f"preflight.bytes must be an integer >= 1024 or null, got {preflight.bytes!r}")
+    if not matches(preflight.iters, int) or preflight.iters < 1:
+        raise ConfigError(f"preflight.iters must be an integer >= 1, got {preflight.iters!r}")
+    if not matches(preflight.fraction, float) or not 0 < preflight.fraction < 1:
+        raise ConfigError(f"preflight.fraction must be a number in (0, 1), got {preflight.fraction!r}")
+    return preflight
+
+
+def export_section(raw: dict) -> Export:
+    export = typed(Export, raw, "export")
+    if export.out is not None and (not export.out or "\0" in export.out):
+        raise ConfigError(f"export.out must be a directory path or null, got {export.out!r}")
+    return export
+
+
 def plan_section(raw: dict) -> Plan:
     plan = typed(Plan, raw, "plan")
     if not isinstance(plan.dryrun, bool):
@@ -247,6 +288,8 @@ def probe_section(raw: dict) -> Probe:
     for key, low in (("max_bytes", 1024), ("iters", 1)):
         if not matches(getattr(probe, key), int) or getattr(probe, key) < low:
             raise ConfigError(f"probe.{key} must be an integer >= {low}, got {getattr(probe, key)!r}")
+    if not matches(probe.budget_s, float) or probe.budget_s < 0:
+        raise ConfigError(f"probe.budget_s must be a number of seconds >= 0, got {probe.budget_s!r}")
     return probe
 
 

@@ -70,3 +70,7 @@ class SlurmError(FedshardError):
 class StateError(FedshardError):
     """What a previous launcher left on disk cannot be used: manifest, results, another launcher's lock."""
 
+
+class PreflightError(FedshardError):
+    """A job's preflight (cluster.preflight) found a slow device or link on the nodes it got; the launcher retries
+    the run without them."""
