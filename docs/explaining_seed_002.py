@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from launcher.placement import topology  # noqa: E402
 from launcher.placement.allocate import place  # noqa: E402
+from launcher.placement.alphabeta import COLLECTIVES  # noqa: E402
 from launcher.placement.costmodel import model_from_preset  # noqa: E402
+from launcher.placement.network import Link, Network  # noqa: E402
 from launcher.placement.steptime import (  # noqa: E402
     ASSUMED_MFU,
-    COLLECTIVES,
     Activations,
     Compute,
-    Link,
     Links,
-    Network,
     Shapes,
     StepTime,
     load,
@@ -118,7 +117,7 @@ class Run:
 
     @property
     def exposed(self) -> float:
-        return self.t.step_s - self.t.compute_s
+        return max(0.0, self.t.step_s - self.t.compute_s)  # the schedule sums compute op by op: rounding below 0
 
     def no_regather_s(self) -> float:
         """The step without the backward all_gathers (reshard_after_forward=False, as the seed ran): the model's
@@ -141,6 +140,9 @@ def price(hw: Platform, gpus: int, batch: int, P: int = 1, T: int = 1, net_step:
     acts = Activations(batch if P > 1 else 1, batch * SEQ, 4096, 32000)
     t = step_time(layout, SHAPES, MODEL, Links(net, loads),
                   Compute.estimated(LLAMA2_7B, batch, SEQ, hw.peak), overlap=overlap, acts=acts)
+    # this page reads the full-overlap bound as the estimate (the seed's FSDP prefetched explicitly and kept layers
+    # gathered), not the step schedule fedshard's plan now uses (launcher.placement.schedule)
+    t = replace(t, step_s=t.full_overlap_s if overlap else t.no_overlap_s)
     regather = -(-SHAPES.layers // P) * net.seconds("all_gather", SHAPES.layer / T * MODEL.bytes_per_param, S,
                                                     loads["shard"])
     return Run(hw, gpus, P, T, batch, t, regather)

@@ -20,7 +20,7 @@ from launcher.settings import Settings
 from launcher.settings.secrets import redact, redacted
 from launcher.slurm import hardware
 from launcher.submit import attempt_folder, require_netns
-from launcher.sweep import PlannedRun, Run
+from launcher.sweep import PlannedRun, Run, expand
 from train.contract.common import ConfigError
 from train.contract.layout import Layout
 
@@ -48,9 +48,11 @@ class PlanEntry:
     predicted_comm_s: float
     predicted_ratio_to_fsdp: float | None
     predicted_step_s: float               # the step-time model's estimate (launcher.placement.steptime)
+    predicted_first_step_s: float | None  # the first step: the steady one and its communicators' first calls
     predicted_step_bounds_s: list[float]  # [full overlap, no overlap]
     predicted_compute_s: float | None
     predicted_comm_by_group_s: dict       # shard, replicate, federation (amortised over A)
+    predicted_exposed_comm_s: dict        # what the schedule leaves exposed: by group kind, and "by_level"
     predicted_tokens_per_s: float
     predicted_speedup_over_fsdp: float | None
     compute_source: str
@@ -117,6 +119,14 @@ def place_runs(settings: Settings, runs: list[Run]) -> tuple[topology.Topology, 
     return topo, source, usable, [place_one(settings.cluster, topo, real, usable, run) for run in runs], nodes
 
 
+def widest_run(settings: Settings, runs: list[Run] | None = None) -> tuple[topology.Topology, list[PlannedRun],
+                                                                            PlannedRun]:
+    """The sweep's runs (expand(settings) unless given) placed, and the widest of them: the probe and the preflight
+    run on its nodes, which hold every run's."""
+    topo, _, _, planned, _ = place_runs(settings, expand(settings) if runs is None else runs)
+    return topo, planned, max(planned, key=lambda p: p.run.spec.world_size)
+
+
 def place_one(cluster, topo: topology.Topology, real: bool, usable: list[str], run: Run) -> PlannedRun:
     """`run` placed on `usable` nodes of `topo` (`real`: SLURM's own topology), with its sbatch topology request."""
     layout, G = run.spec.layout, cluster.gpus_per_node
@@ -173,8 +183,15 @@ def step_of(predictor: Predictor, run: Run, layout: Layout, placement) -> StepTi
     t = run.spec.train
     batch, micro = spread(run, layout)
     work = Workload(run.spec.model.llama_kwargs, batch, t.seq_len, t.precision, micro, t.sequence_parallel,
-                    t.pp_schedule)
+                    t.pp_schedule, t.prefetch)
     return predictor.step(layout, work, comm_model(run), placement)
+
+
+def first_step(predictor: Predictor, run: Run, step: StepTime) -> float | None:
+    """The run's first step: its steady step and what its communicators' first calls add (Predictor.first_step_extra);
+    None where the probe did not time the run's own groups."""
+    extra = predictor.first_step_extra(run.spec.config or run.run_id)
+    return None if extra is None else step.step_s + extra
 
 
 def model_sent_bytes(run: Run) -> dict[str, dict[str, float]]:
@@ -247,8 +264,10 @@ def entry(settings: Settings, planned: PlannedRun, fsdp: tuple[float, StepTime],
         note=run.note, nodes=placement.nodes, hostfile=placement.hosts, coords=[list(c) for c in placement.coords],
         bandwidth=placement.bandwidth, group_levels=placement.group_levels, hierarchy_ok=placement.hierarchy_ok,
         predicted_comm_s=predicted, predicted_ratio_to_fsdp=predicted / fsdp_s if fsdp_s else None,
-        predicted_step_s=step.step_s, predicted_step_bounds_s=[step.full_overlap_s, step.no_overlap_s],
+        predicted_step_s=step.step_s, predicted_first_step_s=first_step(predictor, run, step),
+        predicted_step_bounds_s=[step.full_overlap_s, step.no_overlap_s],
         predicted_compute_s=step.compute_s, predicted_comm_by_group_s=step.comm_s,
+        predicted_exposed_comm_s={**step.exposed_s, "by_level": step.exposed_by_level_s},
         predicted_tokens_per_s=spec.world_size * spec.train.batch_per_rank * spec.train.seq_len / step.step_s
         if step.step_s else 0.0,
         predicted_speedup_over_fsdp=fsdp_step.step_s / step.step_s if step.step_s else None,

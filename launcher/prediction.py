@@ -3,20 +3,26 @@ probe.json) for alpha/beta per level and measured compute, otherwise nominal ban
 from __future__ import annotations
 
 import json
+import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher import scheduler as schedulers
 from launcher.placement.allocate import Placement
 from launcher.placement.costmodel import LLAMA_KEYS, Model
+from launcher.placement.network import Network
+from launcher.placement.schedule import NO_WIRE, Cores, Execution
 from launcher.placement.steptime import (
     Activations,
     Compute,
     Links,
-    Network,
     Shapes,
     StepTime,
+    group_ranks,
     load,
     step_time,
+    transfers,
 )
 from launcher.placement.topology import Topology
 from launcher.settings import Settings
@@ -73,6 +79,7 @@ class Predictor:
         self.network = (Network.from_probe(self.probe, f"probe {path}") if self.probe
                         else Network.nominal(topo.bandwidth))
 
+
     def compute(self, layout: Layout, work: Workload) -> Compute | None:
         """The layout's step of compute as the probe measured it in place (every rank at once, a stage of 1 and
         of 2 layers), when it did for exactly this layout, pp = tp = 1 included; else the model's compute
@@ -92,7 +99,8 @@ class Predictor:
                 scale = work.batch / w["batch_per_rank"]
                 per = {k: (w["root"][k] + L * w["layer"][k]) * (scale if k != "optimizer_s" else 1) for k in w["root"]}
                 source = "measured by the probe" + (f", scaled from batch {w['batch_per_rank']}" if scale != 1 else "")
-                return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], source)
+                root = (w["root"]["forward_s"] * scale, w["root"]["backward_s"] * scale)
+                return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"], source, root_s=root)
         if self.cluster.peak_flops:
             return Compute.estimated(kwargs, work.batch, work.seq_len, self.cluster.peak_flops)
         return None
@@ -110,16 +118,71 @@ class Predictor:
                     w["sequence_parallel"])
             if have == wanted:
                 per = stage_seconds(w, kwargs["num_hidden_layers"])
+                root = tuple(max(0.0, w["one"][k] - w["layer"][k]) for k in ("forward_s", "backward_s"))
                 return Compute(per["forward_s"], per["backward_s"], per["optimizer_s"],
-                               "the layout's stage measured in place by the probe", in_place=True)
+                               "the layout's stage measured in place by the probe", in_place=True, root_s=root)
         return None
+
+    def cores(self, layout: Layout, compute: Compute | None) -> Cores | None:
+        """How a CPU cluster's ranks share cores (launcher.placement.schedule.Cores): where every rank runs on this
+        machine (cluster=local; the testbed, whose nodes are network namespaces of it) all the job's ranks share its
+        cores (the probe's machine's, when it recorded them), and every byte, over the testbed's emulated wires too,
+        is moved by those cores (the kernel's veth, tc and TCP work, 100 % system time while the probe runs): no
+        wait frees a core, so compute runs as the probe measured it, all ranks at once (results/testbed/README.md,
+        issue 54's development set: freeing the cores while traffic crossed a wire priced FSDP's compute at a third of
+        what its runs measured). Elsewhere a node's ranks share cpus_per_task each (None when unset: no sharing is
+        priced), and traffic off the node frees its cores."""
+        if self.cluster.device != "cpu":
+            return None
+        here = schedulers.of(self.cluster).runs_here  # cluster=local: every level is this machine's memory
+        together = here or bool(self.cluster.netns)
+        machine = (self.probe or {}).get("machine") or {}
+        if together:
+            cores = machine.get("cores_usable") or machine.get("cores") or len(os.sched_getaffinity(0))
+            ranks = layout.world
+        elif self.cluster.cpus_per_task:
+            cores, ranks = self.cluster.cpus_per_task * self.cluster.gpus_per_node, self.cluster.gpus_per_node
+        else:
+            return None
+        measured = self.probe is not None and compute is not None and "measured" in compute.source
+        hosts = (self.probe or {}).get("hosts") or []
+        probe_ranks = (len(hosts) if together else max(Counter(hosts).values())) if measured and hosts else 1
+        return Cores(ranks, cores, probe_ranks, cores if measured else 1, NO_WIRE if together else 0)
 
     def step(self, layout: Layout, work: Workload, model: Model, placement: Placement) -> StepTime:
         """`layout` placed as `placement`, doing `work`."""
         if placement.loads is None:
             placement.loads = load(placement, layout, self.topo)
-        return step_time(layout, Shapes.of(work.llama_kwargs), model, Links(self.network, placement.loads),
-                         self.compute(layout, work), overlap=self.cluster.device == "cuda", acts=work.activations)
+        compute = self.compute(layout, work)
+        shapes = Shapes.of(work.llama_kwargs)
+        how = Execution(prefetch=work.prefetch, cores=self.cores(layout, compute),
+                        host_s=self.host(layout, shapes, model, work))
+        return step_time(layout, shapes, model, Links(self.network, placement.loads), compute,
+                         overlap=self.cluster.device == "cuda", acts=work.activations, how=how)
+
+    def first_step_extra(self, configuration: str) -> float | None:
+        """What a run's first step adds to a steady one, from the probe's rows of the run's own groups (`scale`, their
+        `runs` naming the configuration): each collective's first call on each communicator over a later call
+        (first_call_s - median_s at the smallest size timed: gloo creates its pairs when the group is made, before
+        training, and a first call still pays for buffers and the first exchange). FSDP2's lazy initialisation and
+        the first allocations are not priced. None where the probe timed none of the run's groups."""
+        rows = [e for e in (self.probe or {}).get("scale", []) if configuration in e.get("runs", []) and e.get("dist")]
+        if not rows:
+            return None
+        return sum(max(0.0, e["dist"][0]["first_call_s"] - e["dist"][0]["median_s"]) for e in rows)
+
+    def host(self, layout: Layout, shapes: Shapes, model: Model, work: Workload) -> float:
+        """Host seconds a step spends issuing and completing its collectives besides moving bytes: each call the rank
+        makes in a step (an exchange's every A steps, amortised) times what one call cost the probe's host on a
+        one-rank group (probe.json's host.collective_s); 0 without a probe that measured it."""
+        cost = ((self.probe or {}).get("host") or {}).get("collective_s")
+        if not cost:
+            return 0.0
+        ranks = group_ranks(layout)
+        calls = sum(t.calls / (layout.A if t.per == "aggregation" else 1)
+                    * cost.get(t.collective, cost["all_reduce"])["median_s"]
+                    for t in transfers(layout, shapes, model, work.activations) if ranks[t.group] > 1)
+        return calls
 
 
 @dataclass(frozen=True)
@@ -133,6 +196,7 @@ class Workload:
     microbatches: int = 1
     sequence_parallel: bool = False
     schedule: str = "1f1b"
+    prefetch: bool = True  # train.prefetch: FSDP2's all-gathers issued one unit ahead (the schedule prices it)
 
     @property
     def activations(self) -> Activations:

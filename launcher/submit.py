@@ -2,6 +2,7 @@
 launcher.scheduler submits, polls and cancels."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
@@ -64,6 +65,21 @@ def require_netns(cluster: Cluster) -> None:
     if not target.exists() or os.stat("/proc/self/ns/net").st_ino != os.stat(target).st_ino:
         raise SubmitError(f"cluster {cluster.name!r} must be used from network namespace {cluster.netns}: "
                           f"run `slurm/testbed/lab python -m launcher ...` (is the testbed up?)")
+    running_shape(cluster, Path(os.environ.get("SLURM_CONF", "/nonexistent")).parent / "network.json")
+
+
+def running_shape(cluster: Cluster, built: Path) -> None:
+    """A testbed cluster file whose network is not the one running (`built`: the network.json testbed.py up wrote
+    beside the lab wrapper's slurm.conf) would be planned on one shape and run on another: refused."""
+    if not cluster.network or not built.is_file():
+        return
+    running = json.loads(built.read_text())
+    keys = ("leaves", "node_link", "trunk")
+    if any(running.get(k) != cluster.network.get(k) for k in keys):
+        raise SubmitError(f"cluster {cluster.name!r} describes another testbed shape than the one running "
+                          f"({running.get('cluster')}: {', '.join(f'{k}={running.get(k)}' for k in keys)}): "
+                          f"bring the testbed up with `python slurm/testbed/testbed.py up --cluster "
+                          f"{cluster.name}` after `down`, or run with cluster={running.get('cluster')}")
 
 
 def task_lines(job, prefix: str, stream: str = "stdout") -> list[str]:

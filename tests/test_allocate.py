@@ -112,8 +112,10 @@ def test_plan_from_a_snapshot_directory(tmp_path):
     assert list(on_disk[0]) == ["run_id", "strategy", "F", "R", "S", "A", "tp", "pp", "world_size", "gpus_per_node",
                                 "model", "model_params", "train", "note", "nodes", "hostfile", "coords", "bandwidth",
                                 "group_levels", "hierarchy_ok", "predicted_comm_s", "predicted_ratio_to_fsdp",
-                                "predicted_step_s", "predicted_step_bounds_s", "predicted_compute_s",
-                                "predicted_comm_by_group_s", "predicted_tokens_per_s", "predicted_speedup_over_fsdp",
+                                "predicted_step_s", "predicted_first_step_s", "predicted_step_bounds_s",
+                                "predicted_compute_s",
+                                "predicted_comm_by_group_s", "predicted_exposed_comm_s", "predicted_tokens_per_s",
+                                "predicted_speedup_over_fsdp",
                                 "compute_source", "checkpoint_bytes", "memory_per_device", "memory", "resources",
                                 "sbatch"]
 

@@ -43,3 +43,14 @@ def test_level_groups_cross_exactly_one_level():
         "spine": [[0, 4], [1, 5]],                    # one node per leaf under the spine
     }
     assert level_groups(["n1", "n3"], parent, level) == {"spine": [[0, 1]]}  # one rank per node, two leaves
+
+
+def test_the_slowest_of_n_ranks_is_the_expected_maximum_of_n_draws():
+    """Issue 54, item 2: a synchronising collective waits for its slowest rank; from a per-rank distribution's
+    quantiles, the slowest of 1 is their mean, of 2 the mean of a pair's larger, and of many the largest measured."""
+    from launcher.placement.alphabeta import expected_max
+
+    q = [1.0, 2.0, 3.0, 4.0]
+    assert expected_max(q, 1) == pytest.approx(2.5)
+    assert expected_max(q, 2) == pytest.approx(sum(max(a, b) for a in q for b in q) / 16)
+    assert expected_max(q, 2) < expected_max(q, 8) < expected_max(q, 512) == pytest.approx(4.0)

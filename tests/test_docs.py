@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("script,page", [("explaining_the_paper.py", "explaining-the-paper.md"),
-                                         ("explaining_seed_002.py", "explaining-seed-002.md")])
+                                         ("explaining_seed_002.py", "explaining-seed-002.md"),
+                                         ("paper_schedule.py", "../results/plans/README.md")])
 def test_an_explaining_page_quotes_its_script(script, page):
     out = subprocess.run([sys.executable, str(ROOT / "docs" / script)], capture_output=True, text=True, timeout=120,
                          check=True).stdout

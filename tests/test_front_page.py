@@ -84,10 +84,12 @@ QUOTES = [
     (FINDINGS, "Leonardo's 68.7 GB less a 4 GB reserve", "results/plans/README.md", "Leonardo: fits 68.7 − 4 GB"),
     (FINDINGS, "the memory model reads 0.0–1.7 % low", "results/plans/README.md",
      "The memory model (launcher/placement/memory.py) reads 0.0–1.7 % low"),
-    (FINDINGS, "predicts FSDP 2.50× slower than FL+FSDP against the paper's 8.04×", "results/plans/README.md",
-     "| FL+FSDP | (128,1,4) | 8 | 95.87 | 1 | 107.0 | 1.116 | 17 | 2.50 | 8.04 |"),
-    (FINDINGS, "HSDP (1,128,4) first at 0.1986 s per step, 4.74× FSDP's", "results/plans/nvl72/paper_table3/ranking.md",
-     "| 1 | hsdp | 1 | 128 | 4 | - | 1 | 1 | 0.1986 | 4.74× |"),
+    (FINDINGS, "predicts FSDP 2.52× slower than FL+FSDP against the paper's 8.04×", "results/plans/README.md",
+     "| FL+FSDP | (128,1,4) | 8 | 95.87 | 1 | 107.7 | 1.124 | 16 | 2.52 | 8.04 |"),
+    (FINDINGS, "HSDP 6th", "results/plans/README.md",
+     "| HSDP | (1,128,4) | – | 117.37 | 3 | 106.0 | 0.903 | 6 | 2.56 | 6.57 |"),
+    (FINDINGS, "FL+HSDP (8,16,4) at A = 32 first at 0.2011 s per step, 4.7× FSDP's",
+     "results/plans/nvl72/paper_table3/ranking.md", "| 1 | fl_hsdp | 8 | 16 | 4 | 32 | 1 | 1 | 0.2011 | 4.7× |"),
     # results/README.md: the studies
     (FINDINGS, "HSDP / FSDP eval perplexity 1.00000× (0.99979–1.00020) in the authors' bf16 precision and 1.00000× "
                "in fp32", f"{STUDIES}/precision/README.md",
@@ -126,11 +128,11 @@ QUOTES = [
     # results/README.md: arithmetic
     (FINDINGS, "comes out at 54.25 % against the seed's 37.22 %", "docs/explaining-seed-002.md",
      "estimate loses 54.25 % of per-GPU throughput from 128 to 2,048 GPUs against the seed's 37.22 %"),
-    (FINDINGS, "explain 88–122 % of the other three layouts' steps but 20 % of FSDP's (the page's table A)",
+    (FINDINGS, "explain 109–123 % of the other three layouts' steps but 20 % of FSDP's (the page's table A)",
      "docs/explaining-the-paper.md",
-     ("**A. Compute estimated at 40% MFU", "| FSDP | 12.03 | 1.58 | 2.38 | 0.00 | 0.00 | 3.96 | 2.38 | 20% |",
-      "| HSDP | 1.80 | 1.58 | 0.18 | 1.36 | 0.00 | 3.12 | 1.58 | 88% |",
-      "| FL+FSDP | 1.43 | 1.58 | 0.18 | 0.00 | 0.16 | 1.93 | 1.75 | 122% |")),
+     ("**A. Compute estimated at 40% MFU", "| FSDP | 12.03 | 1.58 | 2.38 | 0.00 | 0.00 | 3.96 | 2.38 | 2.46 | 20% |",
+      "| HSDP | 1.80 | 1.58 | 0.18 | 1.36 | 0.00 | 3.12 | 1.58 | 1.96 | 109% |",
+      "| FL+FSDP | 1.43 | 1.58 | 0.18 | 0.00 | 0.16 | 1.93 | 1.75 | 1.76 | 123% |")),
 ]
 
 DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?![,\d])|\d+)(?:\.\d+)?"  # 2,048 is one number, (1,128,4) three

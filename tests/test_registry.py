@@ -8,9 +8,10 @@ from train.contract.layout import Layout
 
 def entry(run_id, step):
     return SimpleNamespace(run_id=run_id, layout=Layout("fsdp", 1, 1, 4), model={"preset": "tiny"},
-                           train={"seq_len": 32}, predicted_step_s=step, predicted_step_bounds_s=[step / 2, step],
+                           train={"seq_len": 32}, predicted_step_s=step, predicted_first_step_s=None,
+                           predicted_step_bounds_s=[step / 2, step],
                            predicted_compute_s=step / 4, predicted_comm_by_group_s={"shard": step / 2},
-                           compute_source="measured by the probe")
+                           predicted_exposed_comm_s={"shard": step / 4}, compute_source="measured by the probe")
 
 
 def test_the_first_registration_stands(tmp_path):

@@ -431,3 +431,74 @@ def test_equal_ratios_read_as_equal_and_the_front_ties_equal_perplexities():
     # HSDP faster, its perplexity 0.1 % above FSDP's: FSDP is not on the front; a clearly better slow one is
     front = pareto_front([(100.0, 20.00, "fsdp"), (150.0, 20.02, "hsdp"), (50.0, 15.0, "slow")])
     assert [p[2] for p in front] == ["hsdp", "slow"]
+
+
+def test_the_prediction_compares_the_steady_step_where_the_runs_recorded_it():
+    """Issue 54, item 4: the model predicts a steady-state step; train_time_s / steps carries the first steps'
+    communicator set-up. A configuration whose every repeat recorded steady_step_s is compared with its mean (and
+    interval), one that did not (a result from before) with train_time_s / steps, and the table says which."""
+    from launcher.report.prediction import prediction_table
+    from tests.support import make_result
+
+    start = "2026-12-01T10:00:00+00:00"
+    results = [make_result(run_id=f"fsdp-F1-R1-S4-rep{i}", config="fsdp-F1-R1-S4", repeat=i, train_time_s=8.0,
+                           started_at=start, steady_step_s=step, steady_steps=6) for i, step in ((1, 0.7), (2, 0.9))]
+    results.append(make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, train_time_s=6.0, started_at=start))
+
+    def entry(run_id, step):
+        return {"run_id": run_id, "predicted_ratio_to_fsdp": None, "predicted_step_s": step,
+                "predicted_step_bounds_s": [step / 2, step], "predicted_compute_s": 0.1, "compute_source": "measured",
+                "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0},
+                "model": {"preset": "tiny"}}
+
+    plan = {"network": "probe x", "runs": [entry("fsdp-F1-R1-S4-rep1", 0.88), entry("hsdp-F1-R2-S2", 0.6)]}
+    table = prediction_table(results, plan)
+    rows = {r[0]: r for r in table.rows}
+    assert table.columns[-1] == "measured_as" and "steady_step_s" in table.title
+    fsdp, hsdp = rows["fsdp-F1-R1-S4"], rows["hsdp-F1-R2-S2"]
+    assert fsdp[6] == pytest.approx(0.8) and fsdp[8] == pytest.approx(0.1) and fsdp[-1] == "steady_step_s"
+    assert fsdp[7] == pytest.approx(12.7062 * (0.02 ** 0.5) / 2 ** 0.5, rel=1e-4)  # t(1) x sd / sqrt(2)
+    assert hsdp[6] == pytest.approx(0.75) and hsdp[-1] == "train_time_s / steps"  # 6 s / 8 steps: no steady step
+    assert table.notes[-1].startswith("Measured step: steady_step_s (the steps after the second")
+    assert "train_time_s / steps for hsdp-F1-R2-S2" in table.notes[-1]
+    old = prediction_table([r for r in results if r.steady_step_s is None], plan)  # no run recorded it: as before
+    assert "measured_as" not in old.columns and old.title.endswith("(train_time_s / steps)")
+
+
+def test_the_rule_fixed_before_the_runs_judges_each_clause():
+    """Issue 54's rule: ±20 % or 2 x the interval, mean |error| <= 10 %, the fastest predicted fastest, no pair
+    ordered against the measurement beyond both intervals."""
+    from launcher.report.prediction_parts import rule
+
+    good = [("a", 1.05, 1.0, 0.01), ("b", 1.9, 2.0, 0.02), ("c", 3.1, 3.0, 0.05)]
+    passes, clauses = rule(good)
+    assert passes and all(c.startswith("pass: ") for c in clauses)
+    # 30 % off but inside twice a wide interval: still within; its 30 % error still counts in the mean
+    noisy = [("a", 1.0, 1.0, 0.0), ("b", 2.6, 2.0, 0.35)]
+    passes, clauses = rule(noisy)
+    assert clauses[0].startswith("pass: ") and clauses[1].startswith("MISS: mean |error| 15.0%") and not passes
+    # the fastest measured is predicted second; the swap is beyond both intervals
+    swapped = [("a", 1.2, 1.0, 0.01), ("b", 1.1, 1.15, 0.01)]
+    passes, clauses = rule(swapped)
+    assert not passes and clauses[2] == "MISS: fastest measured a, predicted b"
+    assert clauses[3] == "MISS: pairs ordered against the measurement beyond both intervals: 1 (a / b)"
+    # the same swap within the measured intervals is noise
+    assert rule([("a", 1.2, 1.0, 0.1), ("b", 1.1, 1.15, 0.1)])[1][3].startswith("pass: ")
+    assert rule([]) == (False, ["no registered prediction"])
+
+
+def test_each_part_of_the_step_is_set_against_its_measurement():
+    from launcher.report.prediction_parts import parts_table
+
+    runs = {"x": SimpleNamespace(compute_only_s=1.0, exposed_comm_s=0.5, first_step_s=3.0),
+            "x-rep2": SimpleNamespace(compute_only_s=1.2, exposed_comm_s=0.3, first_step_s=None)}
+    registered = {run: {"predicted_compute_s": 1.21, "predicted_first_step_s": 2.0,
+                        "predicted_exposed_comm_s": {"shard": 0.2, "federation": 0.1, "by_level": {"leaf": 0.3}}}
+                  for run in runs}
+    table = parts_table([{"run_id": "x", "runs": list(runs)}], runs, registered)
+    [row] = table.rows
+    assert row[0] == "x" and row[1:4] == [1.21, pytest.approx(1.1), pytest.approx(0.1)]
+    assert row[4:7] == [pytest.approx(0.3), pytest.approx(0.4), pytest.approx(-0.25)]
+    assert row[7:10] == [2.0, 3.0, pytest.approx(-1 / 3)]
+    # registries from before the schedule have no parts: no table
+    assert parts_table([{"run_id": "x", "runs": ["x"]}], runs, {"x": {"predicted_compute_s": 1.0}}) is None

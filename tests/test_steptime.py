@@ -1,15 +1,16 @@
-"""The step-time model: hand-computed steps, its limits (A -> infinity, F = 1), contention, and probe input."""
+"""The step-time model: hand-computed steps, its limits (A -> infinity, F = 1), contention, and probe input
+(the schedule's own hand-worked cases: tests/test_schedule.py)."""
 import pytest
 
 from launcher.placement import topology
 from launcher.placement.allocate import assess, place
 from launcher.placement.costmodel import Model, llama_params
 from launcher.placement.levels import traffic
+from launcher.placement.network import Network
 from launcher.placement.steptime import (
     Activations,
     Compute,
     Links,
-    Network,
     Shapes,
     load,
     step_time,
@@ -40,9 +41,14 @@ def test_fsdp_step_by_hand():
     assert t.compute_s == pytest.approx(1 + 2 + 4 / 4)  # the optimizer updates a quarter of the model
     assert t.no_overlap_s == pytest.approx(4 + 9.3)
     assert t.full_overlap_s == pytest.approx(max(3, 9.3) + 1)
-    assert t.step_s == t.no_overlap_s  # CPU: no overlap
-    assert _step("fsdp", 1, 1, 4, None, {"shard": LEAF, "replicate": {}, "federation": {}},
-                 overlap=True).step_s == t.full_overlap_s
+    assert t.step_s == t.no_overlap_s  # CPU, cores not shared: every collective blocks, the sum
+    # GPU, scheduled (launcher.placement.schedule; tests/test_schedule.py walks smaller cases): the layers' 0.3 s
+    # gathers hide behind the 0.5 s forwards and 1 s backwards, the 1.5 s embedding and lm_head traffic does not
+    # (nothing to hide it at the ends), and each backward gather queues behind the reduce-scatter issued before it
+    # on the same leaf link: forward ends at 3.8 s, backward at 9.5 s, the optimizer takes 1 s
+    gpu = _step("fsdp", 1, 1, 4, None, {"shard": LEAF, "replicate": {}, "federation": {}}, overlap=True)
+    assert gpu.step_s == pytest.approx(10.5) and t.full_overlap_s < gpu.step_s < t.no_overlap_s
+    assert gpu.exposed_s == pytest.approx({"shard": 6.5}) and gpu.exposed_by_level_s == pytest.approx({"leaf": 6.5})
 
 
 def test_fl_hsdp_step_by_hand():

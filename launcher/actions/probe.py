@@ -3,7 +3,10 @@ nodes and in the rank layout of the sweep's widest run, with the backend trainin
 bandwidth per (level, collective): <sweep dir>/probe.json, probe.png and a printed table. The same job then
 calibrates compute (train.measure.calibrate) for every (model, batch, precision) the sweep runs, and times the stage
 step of every tensor- or pipeline-parallel layout it runs in place (train.measure.calibrate_layout): the step-time model
-(placement.steptime) reads them back, for this sweep or, with cluster.probe=FILE, for another.
+(placement.steptime) reads them back, for this sweep or, with cluster.probe=FILE, for another. Beside the levels'
+groups it times the sweep's runs' own communicators (their full size, every group at once) at their own FSDP units'
+sizes and each level's ranks in pairs (`scale`), keeps every point's distribution, and measures the host's cost of
+a collective and of a 0-layer step with each layout's collectives on (`host`); docs/placement.md lists the fields.
 
 The job is submitted like a run (submitit, local or SLURM); its task 0 prints a line per (level, collective)
 done, which the launcher echoes while it waits.
@@ -11,22 +14,24 @@ done, which the launcher echoes while it waits.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher import scheduler as schedulers
-from launcher.actions.run import failure_reason
+from launcher.actions.outcome import failure_reason
 from launcher.placement import topology
-from launcher.placement.alphabeta import COLLECTIVES, bus_factor, fit
-from launcher.placement.levels import level_groups, traffic
-from launcher.planning import place_runs
+from launcher.placement.alphabeta import COLLECTIVES, bus_factor, expected_max, fit
+from launcher.placement.levels import level_groups, level_name, traffic
+from launcher.placement.memory import human_bytes
+from launcher.placement.steptime import Shapes, gathers
+from launcher.planning import comm_model, widest_run
 from launcher.prediction import stage_layers, stage_seconds
 from launcher.settings import Settings
 from launcher.submit import task_lines
-from launcher.sweep import expand
 from train.contract.common import ConfigError, SubmitError, write_atomic
 from train.contract.config import TrainConfig
 from train.contract.machine import label
+from train.contract.spec import FEDAVG_CHUNK_BYTES
 
 GB = 1e9
 
@@ -76,11 +81,107 @@ def layouts(runs) -> list[dict]:
     return distinct(layout(run) for run in runs)
 
 
+def unit_bytes(run) -> dict[tuple[str, str], list[float]]:
+    """{(group kind, collective): [bytes, ...]}: the buffers one step (and one FedAvg) of the run sends over each of
+    its groups, one per distinct FSDP unit (launcher.placement.steptime: Shapes, gathers) in the run's precision
+    (launcher.planning.comm_model): the shard group's all_gather and reduce_scatter of each unit, HSDP's all_reduce
+    of each unit's gradient shard, FedAvg's all_reduce of a chunk of the rank's shard (1/R of it per replica) and, in
+    FL+HSDP, the replicas' all_gather of the chunk."""
+    L, model = run.spec.layout, comm_model(run)
+    units = [p for p, _ in gathers(Shapes.of(run.spec.model.llama_kwargs), L.P, L.T)]
+    gather_b = model.bytes_per_param
+    grad_b = model.grad_bytes_per_param or gather_b
+    out: dict[tuple[str, str], list[float]] = {}
+    if L.S > 1:
+        out[("shard", "all_gather")] = [u * gather_b for u in sorted(set(units))]
+        out[("shard", "reduce_scatter")] = [u * grad_b for u in sorted(set(units))]
+    if L.R > 1:
+        out[("replicate", "all_reduce")] = [u / L.S * grad_b for u in sorted(set(units))]
+    if L.F > 1:
+        shard = sum(units) / L.S * (model.fedavg_bytes_per_param or gather_b)
+        chunks = max(1, -(-int(shard) // FEDAVG_CHUNK_BYTES))
+        out[("federation", "all_reduce")] = [shard / chunks / L.R]
+        if L.R > 1:
+            out[("replicate", "all_gather")] = [shard / chunks]
+    return out
+
+
+AXIS = {"federation": 0, "replicate": 1, "shard": 2}  # a group kind's coordinate in (f, r, s, p, t)
+
+
+def run_groups(planned: list, hosts: list[str], max_bytes: int) -> list[dict]:
+    """The sweep's runs' data-parallel communicators as the probe's ranks, for measure_groups: [{collective, groups
+    (each in the run's rank order, all of a kind at once, as the run has them), sizes (unit_bytes, at most max_bytes,
+    and 1 KiB so every row spans two sizes), kinds, runs (configurations)}], one per distinct (collective, groups).
+    A run's rank goes to a probe rank on the same host (the probe runs on the widest run's placement); a run on a
+    host the probe has not is left out."""
+    slots: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        slots.setdefault(host, []).append(rank)
+    specs: dict[tuple, dict] = {}
+    for p in planned:
+        taken: dict[str, int] = {}
+        ranks = []
+        for host in p.placement.hosts:
+            taken[host] = taken.get(host, 0) + 1
+            ranks.append(slots[host][taken[host] - 1] if taken[host] <= len(slots.get(host, [])) else None)
+        if None in ranks:
+            continue
+        for (kind, collective), sizes in unit_bytes(p.run).items():
+            axis, by_rest = AXIS[kind], {}
+            for rank, c in zip(ranks, p.placement.coords):
+                by_rest.setdefault(tuple(c[:axis]) + tuple(c[axis + 1:]), []).append((c[axis], rank))
+            groups = [[r for _, r in sorted(g)] for g in by_rest.values()]
+            spec = specs.setdefault((collective, tuple(map(tuple, groups))),
+                                    {"collective": collective, "groups": groups, "sizes": {1024}, "kinds": [],
+                                     "runs": []})
+            spec["sizes"] |= {int(min(b, max_bytes)) for b in sizes}
+            spec["kinds"] += [kind] * (kind not in spec["kinds"])
+            name = p.run.spec.config or p.run.run_id  # repeats share their groups
+            spec["runs"] += [name] * (name not in spec["runs"])
+    return [{**spec, "sizes": sorted(spec["sizes"])} for spec in specs.values()]
+
+
+def zero_layer(runs) -> list[dict]:
+    """What host_cost.zero_layer_steps measures: each run's workload and data-parallel layout (pp = tp = 1 only)."""
+    return distinct({**workload(run), "strategy": run.spec.layout.strategy, "F": run.spec.layout.F,
+                     "R": run.spec.layout.R, "S": run.spec.layout.S}
+                    for run in runs if run.spec.layout.P * run.spec.layout.T == 1)
+
+
+def slowest_of(spread: list[dict], ns) -> dict[str, list[float]]:
+    """{str(n): per point, the expected slowest of n ranks' seconds (alphabeta.expected_max of its quantiles_s)}."""
+    return {str(n): [expected_max(d["quantiles_s"], n) for d in spread] for n in sorted(set(ns))}
+
+
+def _scale_row(row: dict, hosts: list[str], tree, levels: dict) -> dict:
+    """A measure_groups row placed: the level it crosses (its groups' busiest), the flows on that level's busiest
+    link, its own alpha-beta fit where its sizes allow one, and each point against the level's 2-rank fit priced
+    at this row's ranks and flows (`vs_level`: measured / priced, the efficiency the level fit misses)."""
+    load = traffic([[hosts[r] for r in g] for g in row["groups"]], tree)
+    top = max(load) if load else -1
+    out = {**row, "level": row.get("level", level_name(top)), "flows": load.get(top, 1),
+           "slowest_of_s": slowest_of(row["dist"], [row["ranks"]])}
+    try:
+        f = fit([tuple(p) for p in row["points"]])
+        out |= {"alpha_s": f.alpha_s, "bytes_per_s": f.bytes_per_s,
+                "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"])}
+    except ValueError:  # one size, or noise above the transfer: the points stand alone
+        out |= {"alpha_s": None, "bytes_per_s": None, "bus_bytes_per_s": None}
+    base = levels.get((out["level"], row["collective"]))
+    factor = bus_factor(row["collective"], row["ranks"]) * out["flows"]
+    out["vs_level"] = None if base is None else [t / (base["alpha_s"] + b * factor / base["link_bytes_per_s"])
+                                                 for b, t in row["points"]]
+    return out
+
+
 def summarise(raw: dict, topo: dict) -> dict:
     """probe.json: each (level, collective) with its alpha-beta fit, bus bandwidth, how many of its groups
     shared the level's busiest link (flows) and so the link's own rate (busbw x flows: what one group alone
-    would get) beside the points; the compute calibration as measured; the machine rank 0 ran on
-    (train.contract.machine; null in a raw file written before it was recorded)."""
+    would get) beside the points, and the expected slowest of each group size the runs have there; the runs'
+    own groups placed and compared with the level's fit (_scale_row); the host's costs and the compute
+    calibration as measured; the machine rank 0 ran on (train.contract.machine; null in a raw file written before
+    it was recorded). A raw file from before issue 54 (no `scale`) gives the probe.json of that time."""
     groups = level_groups(raw["hosts"], topo["parent"], topo["level"])
     tree = topology.from_json(topo)
     flows = {name: max(traffic([[raw["hosts"][r] for r in g] for g in groups[name]], tree).values())
@@ -96,8 +197,15 @@ def summarise(raw: dict, topo: dict) -> dict:
                        "bus_bytes_per_s": f.bytes_per_s * bus_factor(row["collective"], row["ranks"]),
                        "flows": flows[row["level"]]})
         levels[-1]["link_bytes_per_s"] = levels[-1]["bus_bytes_per_s"] * levels[-1]["flows"]
+    by_level = {(e["level"], e["collective"]): e for e in levels}
+    scale = [_scale_row(row, raw["hosts"], tree, by_level) for row in raw.get("scale", [])]
+    for e in levels:
+        if "dist" in e:  # the slowest of 2 and of every size of group the runs have at this level
+            e["slowest_of_s"] = slowest_of(e["dist"], [e["ranks"]] + [r["ranks"] for r in scale
+                                                                      if r["level"] == e["level"]])
+    new = {"scale": scale, "host": raw["host"], "budget_s": raw["budget_s"]} if "scale" in raw else {}
     return {"backend": raw["backend"], "hosts": raw["hosts"], "levels": levels, "barrier_s": raw["barrier_s"],
-            "compute": raw["compute"], "layouts": raw["layouts"], "machine": raw.get("machine")}
+            "compute": raw["compute"], "layouts": raw["layouts"], **new, "machine": raw.get("machine")}
 
 
 def table(probe: dict) -> str:
@@ -107,9 +215,23 @@ def table(probe: dict) -> str:
         lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} {e['alpha_s'] * 1e6:>11.1f} "
                      f"{e['bytes_per_s'] / GB:>13.4g} {e['bus_bytes_per_s'] / GB:>13.4g} {e['flows']:>5} "
                      f"{e['link_bytes_per_s'] / GB:>12.4g}")
+    for e in probe.get("scale", []):
+        shown = ", ".join(human_bytes(b) + f" {t * 1e3:.3g} ms" + (f" ({v:.2f}x the level's fit)" if v else "")
+                          for (b, t), v in zip(e["points"], e["vs_level"] or [None] * len(e["points"])))
+        lines.append(f"{e['level']:<8} {e['collective']:<15} {e['ranks']:>5} ranks x {len(e['groups'])} groups "
+                     f"({', '.join(e['kinds'])}{': ' + ', '.join(e['runs'][:3]) if e['runs'] else ''}"
+                     f"{' ...' if len(e['runs']) > 3 else ''}): {shown}")
     lines.append(f"machine (rank 0): {label(probe.get('machine'))}")
     lines.append(f"barrier over all {len(probe['hosts'])} ranks: {probe['barrier_s'] * 1e6:.1f} us (a federated run "
                  f"pays one per FedAvg, for its non-finite check)")
+    host = probe.get("host")
+    if host:
+        lines.append("host cost of one call (one-rank group, 1 element): " + ", ".join(
+            f"{c} {v['median_s'] * 1e6:.1f} us" for c, v in host["collective_s"].items()))
+        for z in host["zero_layer_steps"]:
+            lines.append(f"0-layer step of {z['strategy']} ({z['F']},{z['R']},{z['S']}), {z['batch_per_rank']}x"
+                         f"{z['seq_len']} tokens: {z['on']['step_s'] * 1e3:.2f} ms with its collectives, "
+                         f"{z['off']['step_s'] * 1e3:.2f} ms without ({z['rounds']} rounds)")
     for w in probe["compute"]:
         per = {k: w["root"][k] + w["model"]["num_hidden_layers"] * w["layer"][k] for k in w["root"]}
         lines.append(f"compute {w['model']['num_hidden_layers']} layers x {w['model']['hidden_size']}, "
@@ -117,7 +239,10 @@ def table(probe: dict) -> str:
                      f"{per['forward_s'] * 1e3:.1f} ms, backward {per['backward_s'] * 1e3:.1f} ms, "
                      f"optimizer (whole model) {per['optimizer_s'] * 1e3:.1f} ms per rank"
                      + (f"; repeatability: forward+backward within ±{w['spread']['forward_backward']:.1%} over "
-                        f"{len(w['repeats'])} repeats (medians shown)" if "spread" in w else ""))
+                        + (f"{w['rounds']} rounds of {len(w['depths'])} depths" if "rounds" in w else
+                           f"{len(w['repeats'])} repeats") + " (medians shown)" if "spread" in w else "")
+                     + ("" if w.get("resolved", {}).get("forward_backward", True) else
+                        "; a layer's forward+backward not resolved (its 95 % interval includes 0)"))
     for w in probe.get("layouts", []):
         n = stage_layers(w, w["model"]["num_hidden_layers"])
         per = stage_seconds(w, w["model"]["num_hidden_layers"])
@@ -127,7 +252,8 @@ def table(probe: dict) -> str:
                      f"{', sequence-parallel' if w['sequence_parallel'] else ''}), {w['batch_per_rank']}x"
                      f"{w['seq_len']} tokens per pipeline, {w['precision']}: forward+backward {fb * 1e3:.1f} ms per "
                      f"stage of {n} layers, in place (tensor and pipeline traffic and bubble included); within "
-                     f"±{w['spread']['forward_backward']:.1%} over {len(w['repeats'])} repeats")
+                     f"±{w['spread']['forward_backward']:.1%} over "
+                     + (f"{w['rounds']} rounds" if "rounds" in w else f"{len(w['repeats'])} repeats"))
     return "\n".join(lines)
 
 
@@ -164,12 +290,17 @@ class ProbeRanks:
 
 @dataclass(frozen=True)
 class ProbeWork:
-    """What the probe measures: collectives of `sizes` bytes per level, each point the median of `iters` calls,
-    then the compute of the sweep's `workloads` and the stage steps of its tp or pp `layouts`."""
+    """What the probe measures: collectives of `sizes` bytes per level, each point the median of at least `iters`
+    calls, the runs' own communicators (`groups`, run_groups), then the compute of the sweep's `workloads`, the stage
+    steps of its `layouts` and the 0-layer steps of its data-parallel layouts (`zero_layer`), each calibration for up
+    to `budget_s` seconds."""
     sizes: list[int]
     iters: int
     workloads: list[dict]
     layouts: list[dict]
+    budget_s: float = 10.0
+    groups: list[dict] = field(default_factory=list)
+    zero_layer: list[dict] = field(default_factory=list)
 
 
 class ProbeJob:
@@ -193,8 +324,7 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
     sweep's runs when given (a multirun's), else expand(settings); their workloads are calibrated."""
     cluster, scheduler = settings.cluster, schedulers.of(settings.cluster)
     scheduler.check_environment()
-    topo, _, _, planned, _ = place_runs(settings, expand(settings) if runs is None else runs)
-    widest = max(planned, key=lambda p: p.run.spec.world_size)
+    topo, planned, widest = widest_run(settings, runs)
     folder = settings.sweep_dir / "probe"
     raw_path = folder / "raw.json"
     raw_path.unlink(missing_ok=True)
@@ -202,7 +332,10 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
     job = ProbeJob(ProbeRanks(widest.placement.hosts, tree, cluster.device, cluster.backend,
                               widest.run.spec.train.timeout_s),
                    ProbeWork(sizes(settings.probe.max_bytes), settings.probe.iters,
-                             workloads([p.run for p in planned]), layouts([p.run for p in planned])), str(raw_path))
+                             workloads([p.run for p in planned]), layouts([p.run for p in planned]),
+                             settings.probe.budget_s, run_groups(planned, widest.placement.hosts,
+                                                                 settings.probe.max_bytes),
+                             zero_layer([p.run for p in planned])), str(raw_path))
     submitted = scheduler.submit_job(scheduler.executor(widest, folder / "submitit"), job, "the probe",
                                      folder / "submitit")
     world = widest.run.spec.world_size

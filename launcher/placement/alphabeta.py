@@ -51,3 +51,12 @@ def fit(points: list[tuple[float, float]]) -> Fit:
         raise ValueError("time does not grow with message size: no bandwidth can be fitted")
     return Fit(alpha, 1.0 / slope)
 
+
+
+def expected_max(quantiles: list[float], n: int) -> float:
+    """The expected slowest of n ranks: E[max of n independent draws] from a per-rank distribution given by evenly
+    spaced quantiles (probe.json's `quantiles_s`), taken as m equally likely values x_1 <= ... <= x_m:
+    sum_k x_k ((k/m)^n - ((k-1)/m)^n). n = 1 gives their mean; a large n tends to the largest measured. A
+    synchronising collective on n ranks waits for the slowest, so this, not the median, is what it costs a step."""
+    xs, m = sorted(quantiles), len(quantiles)
+    return sum(x * ((k / m) ** n - ((k - 1) / m) ** n) for k, x in enumerate(xs, start=1))

@@ -1,6 +1,7 @@
-"""Predicted seconds per optimizer step: compute plus every collective the run issues, each priced with the
-alpha and bandwidth of the level it crosses (launcher.placement.costmodel keeps the paper's communication-only
-formulas beside it). Pure arithmetic, no torch: plan ranks hundreds of layouts with it.
+"""Predicted seconds per optimizer step: compute and every collective the run issues, each priced with the alpha and
+bandwidth of the level it crosses, scheduled as one rank runs them (launcher.placement.schedule), the sum and max kept
+as its limits (launcher.placement.costmodel keeps the paper's communication-only formulas). Pure arithmetic, no torch:
+plan ranks hundreds of layouts with it.
 
 What one step sends (train.parallel.parallelize.shard: torchtitan's units, the embedding, each decoder layer and
 lm_head; the final norm, in the root unit, is priced with lm_head; tied embeddings stay in the root unit):
@@ -30,7 +31,8 @@ split over tp ranks (stage_shapes), and the units above shrink accordingly; besi
 - pipeline (pp stages): a stage sends each of the m microbatches' activations forward and receives its
   gradient back (or the reverse), each priced as a broadcast between two ranks on the level the stages cross,
   and the schedule's m + pp - 1 slots each way, not m, lie on the critical path;
-- compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it.
+- compute: the rank's 1 / (pp x tp) of the model's, stretched by the bubble to (m + pp - 1) / m of it, the root's
+  share (Compute.root_s) on its unit and the rest spread over the layers.
 Nothing overlaps the tensor and pipeline traffic: it sits on the critical path of every layer and slot.
 Where the probe measured the layout's own stage step in place (Compute.in_place, train.measure.calibrate_layout; the
 probe does so for every run of its sweep, pp = tp = 1 included), that measurement replaces the last three items: it
@@ -39,15 +41,16 @@ above priced up to 71 % short on the testbed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from launcher.placement.allocate import Placement, communicators
-from launcher.placement.alphabeta import COLLECTIVES, bus_factor
+from launcher.placement.alphabeta import bus_factor
 from launcher.placement.costmodel import LLAMA_KEYS, Model, llama_params
-from launcher.placement.levels import level_name, traffic
+from launcher.placement.levels import traffic
+from launcher.placement.network import Network
+from launcher.placement.schedule import Comm, Execution, Pipeline, Unit, run
 from launcher.placement.topology import Topology
-from train.contract.common import ConfigError
 from train.contract.layout import Layout
 from train.contract.presets import flops_per_token
 from train.contract.spec import FEDAVG_CHUNK_BYTES
@@ -124,60 +127,6 @@ def gathers(shapes: Shapes, P: int, T: int) -> list[tuple[float, int]]:
 
 
 @dataclass(frozen=True)
-class Link:
-    alpha_s: float
-    bytes_per_s: float        # bus bandwidth of one link of the level when one group uses it
-    step_alpha_s: float = 0.0  # latency per ring step (NCCL's own tuning model prices rings so); a probe
-                               # measures one communicator size per level and folds it into alpha_s
-
-
-def ring_steps(collective: str, ranks: int) -> int:
-    """Steps of a ring collective on n ranks: 2(n-1) for all_reduce, n-1 for the others."""
-    return 2 * (ranks - 1) if collective == "all_reduce" else ranks - 1
-
-
-class Network:
-    """Alpha and link bandwidth per (level, collective): measured by action=probe, or the cluster's nominal
-    per-level bandwidth with no latency term."""
-
-    def __init__(self, links: dict[tuple[str, str], Link], source: str, shared: bool = True):
-        """`shared`: a link's bandwidth is split among the groups crossing it (flows); False where the
-        bandwidth given is already each rank's share (cluster.bandwidth_GBps)."""
-        self.links, self.source, self.shared = links, source, shared
-
-    @classmethod
-    def from_probe(cls, probe: dict, source: str) -> "Network":
-        """A probe row's link rate: its bus bandwidth times the groups that shared the link (launcher.actions.probe)."""
-        return cls({(e["level"], e["collective"]): Link(e["alpha_s"], e["link_bytes_per_s"])
-                    for e in probe["levels"]}, source)
-
-    @classmethod
-    def nominal(cls, bandwidth: list[float]) -> "Network":
-        """bandwidth[i]: each rank's share in bytes/s inside a node (i = 0), then across each switch level, as
-        cluster.bandwidth_GBps states it: contention is already in it, so flows do not divide it again."""
-        return cls({(level_name(i - 1), c): Link(0.0, b) for i, b in enumerate(bandwidth) for c in COLLECTIVES},
-                   "nominal bandwidth, no latency", shared=False)
-
-    def seconds(self, collective: str, size: float, ranks: int, load: dict[int, int]) -> float:
-        """One collective of `size` bytes (the whole buffer) on `ranks` ranks whose groups load the levels as
-        `load` ({level: flows}, levels.traffic)."""
-        if ranks <= 1 or not load:
-            return 0.0
-        kind = "all_reduce" if collective == "all_to_all" else collective
-        per_byte = max((flows if self.shared else 1) / self._link(level, kind).bytes_per_s
-                       for level, flows in load.items())
-        top = self._link(max(load), kind)
-        return top.alpha_s + ring_steps(kind, ranks) * top.step_alpha_s + size * bus_factor(kind, ranks) * per_byte
-
-    def _link(self, level: int, collective: str) -> Link:
-        key = (level_name(level), collective)
-        if key not in self.links:
-            raise ConfigError(f"{self.source} has no {key[1]} at level {key[0]}: probe the cluster with the "
-                              f"sweep that needs it (action=probe)")
-        return self.links[key]
-
-
-@dataclass(frozen=True)
 class Compute:
     """One rank's forward, backward and optimizer seconds for the whole model at its batch (every rank
     computes every layer on its own batch; the optimizer updates only the rank's 1/S shard)."""
@@ -188,27 +137,35 @@ class Compute:
     source: str
     in_place: bool = False  # a layout's own stage (its whole model at pp = tp = 1), measured in place
                             # (train.measure.calibrate_layout): one rank's share, bubble and tp/pp traffic in it
+    root_s: tuple[float, float] | None = None  # (forward, backward) of the root (embeddings, lm_head, loss), part of
+                                               # the above: the schedule puts it on its unit; None: all on the layers
 
     @classmethod
     def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":
         """Training FLOPs per token (train.contract.presets.flops_per_token), a third in forward, at ASSUMED_MFU of
-        peak; the optimizer is not estimated."""
+        peak; the optimizer is not estimated. The root's share is lm_head's matmul (the embedding is a lookup)."""
         shapes = Shapes.of(llama_kwargs)
         params = shapes.root + shapes.layers * shapes.layer
-        per_token = flops_per_token(llama_kwargs["vocab_size"], llama_kwargs["hidden_size"], shapes.layers, params,
-                                    seq_len)
+        vocab, hidden = llama_kwargs["vocab_size"], llama_kwargs["hidden_size"]
+        per_token = flops_per_token(vocab, hidden, shapes.layers, params, seq_len)
         seconds = batch * seq_len * per_token / (peak_flops * ASSUMED_MFU)
-        return cls(seconds / 3, 2 * seconds / 3, 0.0, f"estimated from peak_flops at {ASSUMED_MFU:.0%} MFU")
+        root = seconds * flops_per_token(vocab, hidden, 0, shapes.root, seq_len) / per_token
+        return cls(seconds / 3, 2 * seconds / 3, 0.0, f"estimated from peak_flops at {ASSUMED_MFU:.0%} MFU",
+                   root_s=(root / 3, 2 * root / 3))
 
 
 @dataclass(frozen=True)
 class StepTime:
-    compute_s: float | None  # None: neither measured nor estimable (no probe, no peak_flops)
+    compute_s: float | None  # as the schedule ran it (CPU: processor-shared); None: no probe, no peak_flops
     comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A)
-    no_overlap_s: float      # compute + all communication
-    full_overlap_s: float    # forward/backward hide the shard and replicate traffic; FedAvg never overlaps
-    step_s: float            # the estimate: no overlap on CPU (gloo), full overlap on GPU (FSDP2 prefetch)
+    no_overlap_s: float      # the schedule's upper limit: compute as given + all communication
+    full_overlap_s: float    # the old max: forward/backward hide the shard and replicate traffic perfectly, FedAvg
+                             # never overlaps (the schedule's lower limit where the two kinds share their links)
+    step_s: float            # the estimate: the step's schedule (launcher.placement.schedule)
     compute_source: str
+    exposed_s: dict = field(default_factory=dict)           # what the compute stream waited for, by group kind
+    exposed_by_level_s: dict = field(default_factory=dict)  # the same by link level (node, leaf, spine, ...)
+    phases_s: dict = field(default_factory=dict)            # forward, backward, optimizer, aggregation
 
 
 def load(placement: Placement, layout: Layout, topo: Topology) -> dict[str, dict[int, int]]:
@@ -296,23 +253,37 @@ class Links(NamedTuple):
 
 
 def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, compute: Compute | None,
-              overlap: bool, acts: Activations = Activations()) -> StepTime:
-    """The step of one layout; `model` gives the bytes per parameter each collective sends (costmodel); `acts`:
-    what tensor and pipeline parallelism send."""
+              overlap: bool, acts: Activations = Activations(), how: Execution = Execution()) -> StepTime:
+    """The step of one layout, scheduled (launcher.placement.schedule); `model` gives the bytes per parameter each
+    collective sends (costmodel); `overlap`: on GPU, where communication streams run beside compute (False: CPU,
+    gloo); `acts`: what tensor and pipeline parallelism send; `how`: prefetch, the cores CPU ranks share. The old
+    sum (no overlap) and max (full overlap) stay as the schedule's limits."""
     F, S, A, P, T, m = layout.F, layout.S, layout.A, layout.P, layout.T, acts.microbatches
-    moved, ranks = transfers(layout, shapes, model, acts), group_ranks(layout)
+    moved, ranks, loads = transfers(layout, shapes, model, acts), group_ranks(layout), links.loads
+    once: dict[tuple, float] = {}  # the layers' collectives are alike: each priced once
+
+    def priced(t: Transfer) -> float:
+        key = (t.collective, t.size, t.group)
+        if key not in once:
+            once[key] = links.network.seconds(t.collective, t.size, ranks[t.group], loads[LOADS[t.group]])
+        return t.calls * once[key]
 
     def seconds(per: str, *groups: str) -> float:
-        return sum(t.calls * links.network.seconds(t.collective, t.size, ranks[t.group], links.loads[LOADS[t.group]])
-                   for t in moved if t.per == per and t.group in groups)
+        return sum(priced(t) for t in moved if t.per == per and t.group in groups)
 
     federation = seconds("aggregation", *LOADS) / A if F > 1 else 0.0
     shard, replicate = seconds("step", "shard"), seconds("step", "replicate")
     comm = {"shard": shard, "replicate": replicate, "federation": federation}
     in_place = compute is not None and compute.in_place
+    pipe, tensor, exchange = Pipeline(), None, ()
     if P * T > 1 and not in_place:
         slots = (m + P - 1) / m  # the schedule's slots each way, all on the path
         comm |= {"tensor": seconds("step", "tp"), "pipeline": seconds("step", "pp") * slots}
+        pipe = Pipeline(m, P, _comm(seconds("step", "pp") / (2 * m), "pp", loads))
+        tensor = _comm(comm["tensor"], "tp", loads)
+    if F > 1:  # each collective of the exchange on its own group's links, every A steps
+        exchange = tuple(c for t in moved if t.per == "aggregation"
+                         if (c := _comm(priced(t) / A, t.group, loads, "federation")) is not None)
     if compute is None:
         hidden, exposed_compute, source = 0.0, 0.0, "unknown: no probe and no peak_flops (communication only)"
     elif in_place:
@@ -325,5 +296,51 @@ def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, comput
     exposed = federation + comm.get("tensor", 0.0) + comm.get("pipeline", 0.0)
     no_overlap = hidden + exposed_compute + shard + replicate + exposed
     full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed
-    return StepTime(None if compute is None else hidden + exposed_compute, comm, no_overlap, full_overlap,
-                    full_overlap if overlap else no_overlap, source)
+    plan = run(*units_of(layout, shapes, model, links, compute), overlap, how, pipe, tensor, exchange)
+    return StepTime(None if compute is None else plan.compute_s, comm, no_overlap, full_overlap, plan.step_s, source,
+                    plan.exposed_s, plan.exposed_by_level_s, plan.phases_s)
+
+
+def _comm(seconds: float, group: str, loads: dict, kind: str | None = None) -> Comm | None:
+    """`seconds` of a group's collective as the schedule holds it: on the links its group's load names."""
+    load = loads.get(LOADS[group])
+    return Comm(seconds, kind or LOADS[group], tuple(load)) if seconds > 0 and load else None
+
+
+def units_of(layout: Layout, shapes: Shapes, model: Model, links: Links, compute: Compute | None) -> tuple:
+    """(the largest stage's FSDP units in forward order, each with its compute and collectives priced; the
+    optimizer's seconds on the rank's shard). Units of one size are priced once: plan ranks hundreds of layouts."""
+    S, P, T = layout.S, layout.P, layout.T
+    gather_b, grad_b = model.bytes_per_param, model.grad_bytes_per_param or model.bytes_per_param
+    ranks, net = group_ranks(layout), links.network
+
+    def priced(collective: str, size: float, group: str) -> Comm | None:
+        return _comm(net.seconds(collective, size, ranks[group], links.loads.get(LOADS[group]) or {}), group,
+                     links.loads)
+
+    in_place = compute is not None and compute.in_place
+    stage = stage_shapes(shapes, P, T)
+    if P == 1:  # forward order: the embedding, the layers, lm_head with the final norm (the root's compute)
+        embedding, head = root_units(shapes, T)
+        kinds = ["embedding"] * bool(embedding) + ["layer"] * stage.layers + ["root"]
+        params = {"embedding": embedding, "layer": stage.layer, "root": head}
+    else:  # the stage's root (the first stage's embedding) and its layers, none resharded after forward
+        kinds, params = ["root"] + ["layer"] * stage.layers, {"root": stage.root, "layer": stage.layer}
+    work = {kind: (0.0, 0.0) for kind in kinds}
+    optimizer = 0.0
+    if compute is not None:
+        split = 1 if in_place else P * T
+        forward, backward = compute.forward_s / split, compute.backward_s / split
+        optimizer = compute.optimizer_s / (S if in_place else S * P * T)
+        root = (forward, backward) if not stage.layers else (0.0, 0.0)
+        if compute.root_s and (P == 1 or in_place) and stage.layers:
+            scale = 1 if in_place else T
+            root = (min(compute.root_s[0] / scale, forward), min(compute.root_s[1] / scale, backward))
+        work["root"] = root
+        if stage.layers:
+            work["layer"] = ((forward - root[0]) / stage.layers, (backward - root[1]) / stage.layers)
+    unit = {kind: Unit(*work[kind], priced("all_gather", p * gather_b, "shard"),
+                       priced("reduce_scatter", p * grad_b, "shard"),
+                       priced("all_reduce", p / S * grad_b, "replicate"), P == 1 and kind != "root")
+            for kind, p in params.items() if kind in work}
+    return [unit[kind] for kind in kinds], optimizer

@@ -13,8 +13,8 @@ from train.contract.common import write_atomic
 from train.contract.machine import commit
 
 FILE = "prediction.json"
-PREDICTED = ("predicted_step_s", "predicted_step_bounds_s", "predicted_compute_s", "predicted_comm_by_group_s",
-             "compute_source")
+PREDICTED = ("predicted_step_s", "predicted_first_step_s", "predicted_step_bounds_s", "predicted_compute_s",
+             "predicted_comm_by_group_s", "predicted_exposed_comm_s", "compute_source")
 
 
 def utc_now() -> str:

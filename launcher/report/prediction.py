@@ -1,15 +1,19 @@
 """Predicted beside measured: the step-time model's estimate registered for every run before it started
 (launcher.records.registry; plan.json's, labelled post hoc, where none was) against the step the run measured
-(train_time_s / steps; the mean over a configuration's repeats with its 95 % interval), the error, whether the
-predicted order of the configurations is the measured one (a swap within the measured intervals is labelled as
-noise), and prediction.png (log-log, y = x)."""
+(steady_step_s where every repeat recorded it, else train_time_s / steps; the mean over a configuration's repeats
+with its 95 % interval), the error, whether the predicted order of the configurations is the measured one (a swap
+within the measured intervals is labelled as noise), and prediction.png (log-log, y = x). The model predicts a
+steady-state step, and train_time_s / steps carries the first steps' communicator set-up: results that record
+steady_step_s are compared with it, like with like, and the table says which measurement each row used."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from launcher.prediction import TOLERANCE  # the band the plot shades and the notes count against
 from launcher.records.registry import before, model_name
+from launcher.report.prediction_parts import rule
 from launcher.report.results import group_repeats
+from launcher.report.stats import ci_half_width
 from launcher.report.tables import Table, model_parallel, paper_order, span_note
 from train.contract.result import RunResult
 
@@ -24,6 +28,18 @@ HEADERS = ["Run", "Strategy", "Placement", "Model", "Seq len", "Predicted step (
 KINDS = ["text"] * 5 + ["auto"] * 3 + ["percent"] + ["text"] * 3 + ["auto"] * 7
 PREDICTED, MEASURED, CI, ERROR, BASIS = (COLUMNS.index(c) for c in ("predicted_step_s", "measured_step_s",
                                                                     "measured_ci_s", "error", "basis"))
+STEADY = "steady_step_s"  # what measured_as says of a row measured in steady state
+WHOLE = "train_time_s / steps"
+
+
+def measured_step(r: dict, by_id: dict[str, RunResult]) -> tuple[float, float | None, str]:
+    """(mean step, its 95 % half-width over the repeats or None, which it is) of a grouped configuration: the
+    steady-state step where every repeat recorded one (RunResult.steady_step_s), else train_time_s / steps."""
+    steady = [by_id[run].steady_step_s for run in r["runs"]]
+    if all(v is not None for v in steady):
+        return sum(steady) / len(steady), ci_half_width(steady), STEADY
+    ci = r["train_time_s_ci"] / r["steps"] if r["train_time_s_ci"] is not None else None
+    return r["train_time_s"] / r["steps"], ci, WHOLE
 
 
 def _basis(runs: list[str], registered: dict[str, dict], started: dict[str, str | None]) -> str:
@@ -41,7 +57,8 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     registered = registered or {}
     entries = {e["run_id"]: e for e in plan["runs"] if "predicted_step_s" in e}
     started = {r.run_id: r.started_at for r in results}
-    rows, shrunk, blind, sources = [], [], [], set()
+    by_id = {r.run_id: r for r in results}
+    rows, shrunk, blind, sources, measured_as = [], [], [], set(), []
     grouped = sorted(group_repeats(results), key=paper_order)
     for r in grouped:
         basis = _basis(r["runs"], registered, started)
@@ -54,8 +71,8 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
         if r["layout_changes"]:  # its measured step mixes two layouts, the prediction priced one
             shrunk.append(r["run_id"])
             continue
-        measured = r["train_time_s"] / r["steps"]
-        ci = r["train_time_s_ci"] / r["steps"] if r["train_time_s_ci"] is not None else None
+        measured, ci, how = measured_step(r, by_id)
+        measured_as.append(how)
         full, none = e["predicted_step_bounds_s"]
         by_group = e["predicted_comm_by_group_s"]
         times = [registered[run]["predicted_at"] for run in r["runs"] if run in registered]
@@ -69,12 +86,18 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
     if not rows:
         return None
     columns, headers, kinds = COLUMNS, HEADERS, KINDS
+    steady = STEADY in measured_as
+    if steady:  # which measurement each row compares with (results before steady_step_s keep their table as it was)
+        columns, headers, kinds = [*columns, "measured_as"], [*headers, "Measured as"], [*kinds, "text"]
+        rows = [[*row, how] for row, how in zip(rows, measured_as)]
     if model_parallel(grouped):  # the degrees as numbers, not only inside the run ids
         columns, headers, kinds = [*COLUMNS, "pp", "tp"], [*HEADERS, "P", "T"], [*KINDS, "auto", "auto"]
         degrees = {r["run_id"]: [r["pp"], r["tp"]] for r in grouped}
         rows = [[*row, *degrees[row[0]]] for row in rows]
     table = Table("Step time: predicted (registered before the runs started, else post hoc) vs measured "
-                  "(train_time_s / steps)", columns, rows, kinds, headers=headers)
+                  + ("(the steady-state step, steady_step_s; train_time_s / steps where a run did not record it)"
+                     if steady else "(train_time_s / steps)"), columns, rows, kinds, headers=headers)
+
     if blind:
         table.notes.append(f"Not shown: {', '.join(blind)}, planned with compute unknown (no probe, no peak_flops): "
                            f"a communication-only estimate is no step-time prediction; run action=probe first.")
@@ -92,12 +115,22 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
         mean = sum(abs(row[ERROR]) for row in counted) / len(counted)
         table.notes.append(f"{within} of {len(counted)} registered predictions within ±{TOLERANCE:.0%}; largest "
                            f"error {100 * worst[ERROR]:+.1f}% ({worst[0]}); mean |error| {100 * mean:.1f}%.")
-        table.notes.append(order_note([(row[0], row[PREDICTED], row[MEASURED], row[CI] or 0.0) for row in counted]))
+        judged = [(row[0], row[PREDICTED], row[MEASURED], row[CI] or 0.0) for row in counted]
+        table.notes.append(order_note(judged))
+        if steady:  # conditions measured since the rule was fixed (issue 54) are judged by it
+            passes, clauses = rule(judged)
+            table.notes.append(f"Rule fixed before the runs: {'PASS' if passes else 'MISS'} ({'; '.join(clauses)}).")
     else:
         table.notes.append("No prediction was registered before its runs started: no accuracy is claimed.")
     table.notes.append(f"network: {plan.get('network', 'unknown')}; compute: {'; '.join(sorted(sources))}.")
     if any(row[CI] is not None for row in rows):
         table.notes.append("Measured step: mean ± 95 % half-width over the repeats. " + span_note(results))
+    if steady:
+        whole = [row[0] for row, how in zip(rows, measured_as) if how == WHOLE]
+        table.notes.append("Measured step: steady_step_s (the steps after the second, in whole aggregation periods: "
+                           "the steady state the model predicts, without the first steps' communicator set-up)"
+                           + (f"; train_time_s / steps for {', '.join(whole)}, whose results do not record it"
+                              if whole else "") + ".")
     return table
 
 

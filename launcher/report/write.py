@@ -12,6 +12,8 @@ from launcher.records import registry, target
 from launcher.records.store import Store
 from launcher.report.plots import plots
 from launcher.report.prediction import prediction_plot, prediction_table
+from launcher.report.prediction_parts import parts_table
+from launcher.report.results import group_repeats
 from launcher.report.scaling import scaling_plot, scaling_table
 from launcher.report.tables import Table, table3, table4
 from launcher.report.verify import placement_rows
@@ -48,10 +50,14 @@ def write_report(sweep_dir: Path, results: list[RunResult], cluster=None,
     tables = {"table3": table3(results, predicted), "table4": table4(results)}
     tables["table3"].notes += notes_for(cluster) if cluster is not None else []
     manifest = Store(sweep_dir).entries
-    steps = prediction_table(results, plan, registry.load(sweep_dir, [r.run_id for r in results]),
+    registered = registry.load(sweep_dir, [r.run_id for r in results])
+    steps = prediction_table(results, plan, registered,
                              next((e["rank_order"] for e in manifest.values() if "rank_order" in e), None))
     if steps is not None:
         tables["prediction"] = steps
+        parts = parts_table(group_repeats(results), {r.run_id: r for r in results}, registered)
+        if parts is not None:
+            tables["prediction_parts"] = parts
     topo_path = sweep_dir / "topology.json"
     local = cluster is not None and schedulers.of(cluster).runs_here
     if topo_path.exists() and not local:  # saved at submission: check where the ranks really ran

@@ -1,13 +1,17 @@
 """Compute calibration for the step-time model: one rank's forward, backward and AdamW step at a run's batch.
 
 Every rank of the probe job measures at once, as training computes (ranks sharing a node's CPUs or memory
-bandwidth slow each other as they do in a step). Models with 0 and 1 decoder layers are timed, step by step in
-turn (so a passing load falls on both): the root
-(embeddings, lm_head) and one layer separate and a model of any depth is priced without building it whole
-(Llama-3.1-8B's one-layer slice has 1.3 B parameters, ~20 GB with fp32 AdamW state, against 8 B).
-The calibration is repeated and reported with its spread, so a prediction says how repeatable its compute is;
-a layer or root that comes out zero or negative is re-measured, then refused, never clamped.
-Both models are wrapped by fully_shard exactly as training wraps them (train.parallel.parallelize: each layer, then the
+bandwidth slow each other as they do in a step). One model of max(DEPTHS) decoder layers is built and stepped at
+each depth in turn (transformers runs the first config.num_hidden_layers layers; the others stay idle, their
+gradients None, so the optimizer skips them too): a layer's cost is the slope over the layer counts and the root's
+(embeddings, lm_head) the intercept, so a model of any depth is priced without building it whole (Llama-3.1-8B's
+4-layer slice has 1.9 B parameters, ~31 GB with fp32 AdamW state, against 8 B).
+The steps are timed in rounds (one step per depth, in turn, so a passing load falls on all of them) for as long as
+probe.budget_s allows or until a layer is known within ±TARGET; each round gives a Theil-Sen line, and the medians
+of the rounds' slopes and intercepts with their 95 % distribution-free intervals are what probe.json keeps. Noise
+widens the interval: a layer whose interval includes 0 is reported so (`resolved`), never refused (issue 54, item 5:
+three samples of a 2-core machine could not separate one layer from none, and the probe stopped).
+The model is wrapped by fully_shard exactly as training wraps it (train.parallel.parallelize: each layer, then the
 root, with the run's mixed precision), on a shard group of one rank: the timings then carry FSDP2's per-unit
 hooks and copies and the optimizer's DTensor dispatch, which on a small model cost more than its arithmetic,
 while the collectives themselves, priced per level by the probe, stay out.
@@ -15,8 +19,6 @@ while the collectives themselves, priced per level by the probe, stay out.
 from __future__ import annotations
 
 import copy
-import functools
-import math
 import statistics
 import time
 
@@ -25,15 +27,16 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from train import model as models
-from train.contract.common import FedshardError
+from train.measure import robust
 from train.parallel import parallelize
 from train.runtime.launch_env import sync_device
 
 PHASES = ("forward_s", "backward_s", "optimizer_s")
-
-
-MIN_TIMED_S = 0.2  # each timing runs enough steps to last this long: a tiny model's millisecond phases are
-MAX_ITERS = 500   # otherwise below a shared machine's noise (and a layer could come out cheaper than nothing)
+DEPTHS = (0, 1, 2, 4)  # decoder layers of the steps timed: a layer is the slope over them
+BUDGET_S = 10.0  # seconds a calibration may keep measuring (probe.budget_s)
+MIN_ROUNDS = 9   # fewer, and a median's 95 % interval is the whole range of the rounds
+MAX_ROUNDS = 2000
+TARGET = 0.05    # a calibration stops before its budget once a layer's forward+backward is known within ±5 %
 
 
 def _step(model, optimizer, ids, device: str) -> tuple[float, float, float]:
@@ -66,100 +69,156 @@ def _build(llama_kwargs: dict, layers: int, batch: int, seq_len: int, precision:
     return model, optimizer, ids
 
 
-def in_turn(steps: list, iters: int, device: str) -> list[list[float]]:
-    """Median phase seconds of each of `steps` (callables timing one training step each), over at least `iters`
-    steps and as many as last MIN_TIMED_S. They step in turn, so a passing load (another process, a neighbour's
-    burst) slows all alike and their differences keep their sign; every rank runs the same number of steps, each
-    started at a barrier, after one warm-up step each (it allocates AdamW's state: not counted)."""
+def at_depth(model, depth: int, step):
+    """`step` (a callable timing one training step of `model`) run with the model's first `depth` layers only."""
+    def timed():
+        model.config.num_hidden_layers = depth
+        return step()
+    return timed
+
+
+def rounds(steps: list, device: str, budget_s: float, min_rounds: int = MIN_ROUNDS,
+           narrow=None) -> tuple[list, float]:
+    """([round][k]: the phase seconds of steps[k] (callables timing one training step each) in each round, the
+    slowest rank's; the seconds the rounds took, the slowest rank's). A round steps each once, in turn (in reverse
+    every other round, so none always comes first after a pause), each started at a barrier, after one warm-up step
+    each (it allocates AdamW's state: not counted); so a passing load (another process, a neighbour's burst) falls
+    on all alike and their differences keep their sign.
+    Rounds go on until `budget_s` has passed (on the slowest rank) and at least `min_rounds` are done, or, after
+    `min_rounds`, until `narrow(rounds)` says the estimate is tight enough; every rank runs the same rounds and
+    returns the same numbers."""
     dist.barrier()
-    warm = sum(sum(step()) for step in steps)
-    count = torch.tensor([min(MAX_ITERS, max(iters, math.ceil(MIN_TIMED_S / max(warm, 1e-9))))], device=device)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    samples: list[list] = [[] for _ in steps]
-    for _ in range(int(count.item())):
-        for k, step in enumerate(steps):
+    for step in steps:
+        step()
+    done: list = []
+    started = time.perf_counter()
+    while True:
+        mine: list = [None] * len(steps)
+        for k in (range(len(steps)) if len(done) % 2 == 0 else reversed(range(len(steps)))):
             dist.barrier()
-            samples[k].append(step())
-    return [[statistics.median(s[k] for s in runs) for k in range(len(runs[0]))] for runs in samples]
-
-
-def _time_pair(llama_kwargs: dict, batch: int, seq_len: int, precision: str, device: str,
-               iters: int, alone) -> tuple[tuple[list[float], int], tuple[list[float], int]]:
-    """((median forward, backward and optimizer seconds, parameters) of the 0-layer model (the root alone), the
-    same of the 1-layer model), stepped in turn (in_turn)."""
-    pair = [_build(llama_kwargs, layers, batch, seq_len, precision, device, alone) for layers in (0, 1)]
-    one, two = in_turn([functools.partial(_step, m, o, ids, device) for m, o, ids in pair], iters, device)
-    return (one, models.count_params(pair[0][0])), (two, models.count_params(pair[1][0]))
-
-
-class CalibrationError(FedshardError):
-    """Forward or backward did not grow from the 0-layer to the 1-layer model,
-    re-measured and still so: the measurement is below the machine's noise and would price a layer at nothing."""
-
-
-def _split(one: list[float], two: list[float], params: tuple[int, int]) -> tuple[list[float], list[float]] | None:
-    """(root, layer) per phase from the 0- and 1-layer timings (the root is measured alone, so it is never below
-    zero); None when a part is not positive. Forward and
-    backward split by difference. AdamW's step is an elementwise pass over every parameter, and a layer adds too
-    little of it to stand out of the noise by difference (on 2 CPU cores the `small` preset's 2-layer step
-    measured 11.90 ms against the 1-layer's 12.05 ms): its seconds per parameter, pooled over both models, are
-    shared out by parameter count."""
-    layer = [b - a for a, b in zip(one[:2], two[:2])]
-    root = list(one[:2])
-    p1, p2 = params
-    rate = (one[2] + two[2]) / (p1 + p2)
-    layer.append(rate * (p2 - p1))
-    root.append(rate * p1)
-    return (root, layer) if min(root + layer) > 0 else None
-
-
-def _measure_once(w: dict, device: str, iters: int, tries: int, alone) -> tuple[list[float], list[float]]:
-    """One calibration of workload w: the slowest rank's 0- and 1-layer medians, split into root and layer;
-    re-measured up to `tries` times while a part comes out zero or negative, then an error (never clamped)."""
-    for _ in range(tries):
-        (one, p1), (two, p2) = _time_pair(w["model"], w["batch_per_rank"], w["seq_len"], w["precision"], device, iters,
-                                        alone)
-        slowest = torch.tensor(one + two, dtype=torch.float64, device=device)
+            mine[k] = list(steps[k]())
+        slowest = torch.tensor([t for m in mine for t in m] + [time.perf_counter() - started], dtype=torch.float64,
+                               device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        one, two = slowest[:3].tolist(), slowest[3:].tolist()
-        parts = _split(one, two, (p1, p2))
-        if parts is not None:
-            return parts
-    raise CalibrationError(f"probe: compute of {w['batch_per_rank']}x{w['seq_len']} tokens ({w['precision']}): the "
-                           f"forward or backward of the 1-layer model was not slower than the 0-layer model's in "
-                           f"{tries} tries "
-                           f"(0 layers {[f'{t * 1e3:.2f}' for t in one]} ms, 1 layer "
-                           f"{[f'{t * 1e3:.2f}' for t in two]} ms, forward/backward/optimizer): the work is below "
-                           f"this machine's timing noise; raise probe.iters or the run's batch_per_rank or seq_len")
+        values = slowest.tolist()
+        width = len(mine[0])
+        done.append([values[k * width:(k + 1) * width] for k in range(len(steps))])
+        n = len(done)
+        if n >= MAX_ROUNDS or (n >= min_rounds and (values[-1] >= budget_s or (narrow is not None and narrow(done)))):
+            return done, values[-1]
 
 
-def spread(values: list[float]) -> float:
-    """Half the range over the median: how far repeats of one calibration stray from their middle."""
-    return (max(values) - min(values)) / 2 / statistics.median(values)
+def lines(depths: tuple, done: list, params: list[float]) -> dict[str, list[tuple[float, float]]]:
+    """{phase, and "forward_backward": [(intercept, slope) per round]}: each round's Theil-Sen line of its seconds
+    over the layer counts. AdamW's step is an elementwise pass over every parameter, and a layer adds too little
+    of it to stand out of the noise by difference (on 2 CPU cores the `small` preset's 2-layer step measured
+    11.90 ms against the 1-layer's 12.05 ms): each round's seconds per parameter, pooled over its depths, are shared
+    out by parameter count (`params`: the parameters stepped at each depth)."""
+    per_layer = (params[-1] - params[0]) / (depths[-1] - depths[0])
+    fixed = params[0] - depths[0] * per_layer
+    out: dict[str, list] = {p: [] for p in (*PHASES, "forward_backward")}
+    def line(ys: list[float]) -> tuple[float, float]:
+        slope, intercept = robust.theil_sen(depths, ys)
+        return intercept, slope
+
+    for r in done:
+        for i, phase in enumerate(PHASES[:2]):
+            out[phase].append(line([s[i] for s in r]))
+        out["forward_backward"].append(line([s[0] + s[1] for s in r]))
+        rate = sum(s[2] for s in r) / sum(params)
+        out["optimizer_s"].append((rate * fixed, rate * per_layer))
+    return out
 
 
-def calibrate(rank: int, workloads: list[dict], device: str = "cpu", iters: int = 3, repeats: int = 5,
-              progress=None, tries: int = 3) -> list[dict]:
-    """[{**workload, "root": {phase: s}, "layer": {phase: s}, "repeats": [...], "spread": {...}}] for workloads
-    {model, batch_per_rank, seq_len, precision}. Each workload is calibrated `repeats` times (each the slowest
-    rank's medians over `iters` steps); root and layer are the medians over the repeats, `repeats` keeps every
-    one, and `spread` gives, per phase of the whole model at the workload's depth, half the range over the
-    median. Every rank must call it with the same arguments."""
+def at(line: list[tuple[float, float]], depth: float) -> dict:
+    """robust.summary of each round's line at `depth` layers."""
+    return robust.summary([a + depth * b for a, b in line])
+
+
+def narrow_enough(depths: tuple, params: list[float]):
+    """A stop rule for rounds(): a layer's forward+backward above 0 and known within ±TARGET."""
+    slopes: list[float] = []  # each round's, fitted once
+
+    def narrow(done: list) -> bool:
+        slopes.extend(b for _, b in lines(depths, done[len(slopes):], params)["forward_backward"])
+        n = len(done)
+        if n % 4 or (n > 64 and n % 32):  # checked every 4th round, then every 32nd: the check stays cheap
+            return False
+        s = robust.summary(slopes)
+        lo, hi = s["interval"]
+        return lo > 0 and (hi - lo) / 2 <= TARGET * s["median"]
+    return narrow
+
+
+def fitted(depths: tuple, done: list, params: list[float], base: int, at_depth_of_model: int) -> dict:
+    """What probe.json keeps of a calibration: per phase the median over rounds of the line at `base` layers
+    (0: the root; 1: a stage of one layer) and of its slope (a layer), each with its 95 % interval; whether each
+    layer slope's interval excludes 0 (`resolved`); the whole model at its depth with its spread (half the
+    interval over the median); the medians per depth; how many rounds."""
+    fits = lines(depths, done, params)
+    keys = (*PHASES, "forward_backward")
+    base_s = {k: at(fits[k], base) for k in keys}
+    layer_s = {k: robust.summary([b for _, b in fits[k]]) for k in keys}
+    whole = {k: at(fits[k], at_depth_of_model) for k in keys}
+    return {"base": {k: base_s[k]["median"] for k in PHASES}, "layer": {k: layer_s[k]["median"] for k in PHASES},
+            "interval": {"base": {k: base_s[k]["interval"] for k in keys},
+                         "layer": {k: layer_s[k]["interval"] for k in keys}},
+            "resolved": {k: robust.resolved(layer_s[k]["interval"]) for k in ("forward_s", "backward_s",
+                                                                             "forward_backward")},
+            "whole": {k: whole[k]["median"] for k in keys},
+            "spread": {k: _spread(whole[k]) for k in keys},
+            "depths": list(depths), "rounds": len(done),
+            "by_depth": {str(d): dict(zip(PHASES, (statistics.median(r[i][k] for r in done) for k in range(3))))
+                         for i, d in enumerate(depths)}}
+
+
+def _spread(s: dict) -> float:
+    """Half an interval's width over its median: how far a calibration's estimate may stray."""
+    lo, hi = s["interval"]
+    return (hi - lo) / 2 / abs(s["median"]) if s["median"] else float("inf")
+
+
+def unresolved(entry: dict) -> str:
+    """'' when a layer's forward+backward is certainly above 0, else what the progress line says instead."""
+    if entry["resolved"]["forward_backward"]:
+        return ""
+    lo, hi = entry["interval"]["layer"]["forward_backward"]
+    return (f"; a layer's forward+backward is not resolved from this machine's noise (95 % interval "
+            f"{lo * 1e3:.2f} to {hi * 1e3:.2f} ms includes 0): priced at its median, raise probe.budget_s")
+
+
+def _calibrate_one(w: dict, device: str, iters: int, budget_s: float, alone) -> dict:
+    """One workload: its model of max(DEPTHS) layers stepped at every depth in rounds, fitted."""
+    model, optimizer, ids = _build(w["model"], max(DEPTHS), w["batch_per_rank"], w["seq_len"], w["precision"], device,
+                                   alone)
+    layer = sum(p.numel() for p in model.model.layers[0].parameters())
+    root = models.count_params(model) - max(DEPTHS) * layer
+    params = [float(root + d * layer) for d in DEPTHS]
+    step = lambda: _step(model, optimizer, ids, device)  # noqa: E731
+    done, seconds = rounds([at_depth(model, d, step) for d in DEPTHS], device, budget_s, max(iters, MIN_ROUNDS),
+                  narrow_enough(DEPTHS, params))
+    fit = fitted(DEPTHS, done, params, 0, w["model"]["num_hidden_layers"])
+    interval = {"root": fit["interval"]["base"], "layer": fit["interval"]["layer"]}
+    measured = fit.pop("base")
+    return {**w, "root": measured, **fit, "interval": interval, "seconds": seconds}
+
+
+def calibrate(rank: int, workloads: list[dict], device: str = "cpu", iters: int = 3, budget_s: float = BUDGET_S,
+              progress=None) -> list[dict]:
+    """[{**workload, "root": {phase: s}, "layer": {phase: s}, "interval": {"root"|"layer": {phase: [low, high]}},
+    "resolved", "whole", "spread", "depths", "rounds", "by_depth", "seconds"}] for workloads {model,
+    batch_per_rank, seq_len, precision} (fitted: the keys' meaning). At least max(iters, MIN_ROUNDS) rounds, then
+    as many as budget_s allows or until a layer is known within ±TARGET. Every rank must call it with the same
+    arguments, and every rank returns the same numbers (the slowest rank's steps)."""
     out = []
     # every rank its own shard group: (world, 1) from init_device_mesh, never a hand-built rank array
     alone = init_device_mesh(device, (dist.get_world_size(), 1), mesh_dim_names=("calibrating", "alone"))["alone"]
     for w in workloads:
-        done = [_measure_once(w, device, iters, tries, alone) for _ in range(repeats)]
-        L = w["model"]["num_hidden_layers"]
-        whole = [[root[k] + L * layer[k] for k in range(3)] for root, layer in done]
-        out.append({**w, "root": dict(zip(PHASES, (statistics.median(d[0][k] for d in done) for k in range(3)))),
-                    "layer": dict(zip(PHASES, (statistics.median(d[1][k] for d in done) for k in range(3)))),
-                    "repeats": [{"root": dict(zip(PHASES, root)), "layer": dict(zip(PHASES, layer))}
-                                for root, layer in done],
-                    "spread": {**dict(zip(PHASES, (spread([x[k] for x in whole]) for k in range(3)))),
-                               "forward_backward": spread([x[0] + x[1] for x in whole])}})
+        out.append(_calibrate_one(w, device, iters, budget_s, alone))
         if progress is not None and rank == 0:
-            progress(f"probe: compute of {L}-layer model at {w['batch_per_rank']}x{w['seq_len']} tokens "
-                     f"({w['precision']}) done: forward+backward within ±{out[-1]['spread']['forward_backward']:.1%} "
-                     f"over {repeats} repeats")
+            e = out[-1]
+            progress(f"probe: compute of {w['model']['num_hidden_layers']}-layer model at {w['batch_per_rank']}x"
+                     f"{w['seq_len']} tokens ({w['precision']}) done: forward+backward within "
+                     f"±{e['spread']['forward_backward']:.1%} over {e['rounds']} rounds of {len(DEPTHS)} depths in "
+                     f"{e['seconds']:.1f} s{unresolved(e)}")
     return out

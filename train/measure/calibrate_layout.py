@@ -7,8 +7,11 @@ tensor-parallel collective blocks its rank inside DTensor's dispatch, which no f
 So the probe runs the layout's own stage step: every rank of the job at once (ranks sharing a node's cores slow
 each other as in training), in a mesh (dp, 1, pp, tp) whose data-parallel ranks are each their own shard group
 (as train.measure.calibrate), at the run's batch per data-parallel rank, microbatches, schedule, precision and sequence
-parallelism. Two depths, 1 and 2 decoder layers per stage, step in turn: their difference prices each further
-layer of a stage, so a model of any depth is priced at ceil(L / pp) layers per stage without building it.
+parallelism. Stages of 1, 2 and 3 decoder layers step in turn, in rounds (train.measure.calibrate.rounds: time-boxed
+by probe.budget_s, each round a Theil-Sen line over the depths): the slope prices each further layer of a stage, so a
+model of any depth is priced at ceil(L / pp) layers per stage without building it, and noise widens its interval
+instead of stopping the probe. Without pipeline stages one stage of 3 layers is built and run at each depth (as
+train.measure.calibrate does); with them a stage per depth.
 The data-parallel collectives (FSDP over S, HSDP's replicate group, FedAvg) stay out: the step-time model prices
 them per level as before. A layout with pp = tp = 1 is measured the same way (a stage is then the whole model),
 so every run's compute is timed at its own batch, depth slices and contention (issue 41: priced from
@@ -17,7 +20,6 @@ train.measure.calibrate's 0- and 1-layer models, FL+FSDP's compute-bound steps c
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 
 import torch
@@ -26,11 +28,20 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from train import model as models
 from train.contract.config import TrainConfig
-from train.measure.calibrate import PHASES, PROBE_REDUCE_DTYPE, CalibrationError, in_turn, spread
+from train.measure.calibrate import (
+    BUDGET_S,
+    MIN_ROUNDS,
+    PROBE_REDUCE_DTYPE,
+    at_depth,
+    fitted,
+    narrow_enough,
+    rounds,
+    unresolved,
+)
 from train.parallel import parallelize, pipeline
 from train.runtime.launch_env import sync_device
 
-DEPTHS = (1, 2)  # decoder layers per stage of the two models timed
+DEPTHS = (1, 2, 3)  # decoder layers per stage of the steps timed
 
 
 class _Stage:
@@ -77,34 +88,36 @@ class _Stage:
         return forward - start, backward - forward, time.perf_counter() - backward
 
 
-def _measure_once(layout: dict, mesh, device: str, iters: int, tries: int) -> tuple[list[float], list[float]]:
-    """(one, layer): the slowest rank's phase seconds of a stage of one layer, and of each further layer. The
-    optimizer is shared out by each rank's parameter count, as train.measure.calibrate does; re-measured up to `tries`
-    times while a further layer's forward + backward comes out zero or negative, then an error."""
-    pair = [_Stage(layout, depth, mesh, device) for depth in DEPTHS]
-    for _ in range(tries):
-        one, two = in_turn([stage.step for stage in pair], iters, device)
-        p1, p2 = pair[0].params, pair[1].params
-        rate = (one[2] + two[2]) / (p1 + p2)  # seconds per parameter of this rank's AdamW step
-        mine = torch.tensor([one[0], one[1], rate * p1, two[0] - one[0], two[1] - one[1], rate * (p2 - p1)],
-                            dtype=torch.float64, device=device)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-        first, layer = mine[:3].tolist(), mine[3:].tolist()
-        if layer[0] + layer[1] > 0:
-            return first, layer
-    raise CalibrationError(f"probe: compute of layout pp={layout['pp']} tp={layout['tp']} at "
-                           f"{layout['batch_per_rank']}x{layout['seq_len']} tokens: a stage of {DEPTHS[1]} layers "
-                           f"was not slower than one of {DEPTHS[0]} in {tries} tries: the work is below this "
-                           f"machine's timing noise; raise probe.iters or the run's batch_per_rank or seq_len")
+def _measure(layout: dict, mesh, device: str, iters: int, budget_s: float) -> dict:
+    """The stage's steps at every depth in rounds, fitted (train.measure.calibrate.fitted): `one` is a stage of one
+    layer, `layer` each further layer; the optimizer is shared out by each rank's parameter count, as
+    train.measure.calibrate does."""
+    if layout["pp"] == 1:  # one stage, run at each depth
+        stage = _Stage(layout, max(DEPTHS), mesh, device)
+        layer = sum(parallelize.local(p).numel() for p in stage.model.model.layers[0].parameters())
+        params = [stage.params - (max(DEPTHS) - d) * layer for d in DEPTHS]
+        steps = [at_depth(stage.model, d, stage.step) for d in DEPTHS]
+    else:
+        stages = [_Stage(layout, depth, mesh, device) for depth in DEPTHS]
+        params, steps = [s.params for s in stages], [s.step for s in stages]
+    largest = torch.tensor(params, dtype=torch.float64, device=device)  # the largest stage's, as the slowest rank's
+    dist.all_reduce(largest, op=dist.ReduceOp.MAX)
+    params = largest.tolist()
+    done, seconds = rounds(steps, device, budget_s, max(iters, MIN_ROUNDS), narrow_enough(DEPTHS, params))
+    n = -(-layout["model"]["num_hidden_layers"] // layout["pp"])
+    fit = fitted(DEPTHS, done, params, 1, n)
+    interval = {"one": fit["interval"]["base"], "layer": fit["interval"]["layer"]}
+    one = fit.pop("base")
+    return {**layout, "one": one, **fit, "interval": interval, "seconds": seconds}
 
 
-def calibrate_layouts(rank: int, layouts: list[dict], device: str = "cpu", iters: int = 3, repeats: int = 5,
-                      progress=None, tries: int = 3) -> list[dict]:
-    """[{**layout, "one": {phase: s}, "layer": {phase: s}, "repeats": [...], "spread": {...}}] for layouts
-    {model, batch_per_rank (per data-parallel rank), seq_len, precision, pp, tp, microbatches, pp_schedule,
-    sequence_parallel}: a stage of n layers takes one + (n - 1) x layer. Medians over `repeats`, as
-    train.measure.calibrate. A layout whose pp x tp does not divide the job's ranks is skipped (the step-time model
-    prices it from its parts). Every rank must call it with the same arguments."""
+def calibrate_layouts(rank: int, layouts: list[dict], device: str = "cpu", iters: int = 3, budget_s: float = BUDGET_S,
+                      progress=None) -> list[dict]:
+    """[{**layout, "one": {phase: s}, "layer": {phase: s}, "interval": {"one"|"layer": {phase: [low, high]}},
+    "resolved", "whole", "spread", "depths", "rounds", "by_depth", "seconds"}] for layouts {model, batch_per_rank (per
+    data-parallel rank), seq_len, precision, pp, tp, microbatches, pp_schedule, sequence_parallel}: a stage of n
+    layers takes one + (n - 1) x layer. A layout whose pp x tp does not divide the job's ranks is skipped (the
+    step-time model prices it from its parts). Every rank must call it with the same arguments."""
     world, out = dist.get_world_size(), []
     for layout in layouts:
         P, T = layout["pp"], layout["tp"]
@@ -112,18 +125,10 @@ def calibrate_layouts(rank: int, layouts: list[dict], device: str = "cpu", iters
             continue
         mesh = init_device_mesh(device, (world // (P * T), 1, P, T),
                                 mesh_dim_names=("calibrating", "alone", "pp", "tp"))
-        done = [_measure_once(layout, mesh, device, iters, tries) for _ in range(repeats)]
-        n = -(-layout["model"]["num_hidden_layers"] // P)
-        whole = [[first[k] + (n - 1) * layer[k] for k in range(3)] for first, layer in done]
-        median = lambda part: dict(zip(PHASES, (statistics.median(d[part][k] for d in done)  # noqa: E731
-                                                for k in range(3))))
-        out.append({**layout, "one": median(0), "layer": median(1),
-                    "repeats": [{"one": dict(zip(PHASES, first)), "layer": dict(zip(PHASES, layer))}
-                                for first, layer in done],
-                    "spread": {"forward_backward": spread([x[0] + x[1] for x in whole])}})
+        out.append(_measure(layout, mesh, device, iters, budget_s))
         if progress is not None and rank == 0:
+            e = out[-1]
             progress(f"probe: compute of layout pp={P} tp={T} at {layout['batch_per_rank']}x{layout['seq_len']} "
-                     f"tokens done: forward+backward within ±{out[-1]['spread']['forward_backward']:.1%} over "
-                     f"{repeats} repeats")
+                     f"tokens done: forward+backward within ±{e['spread']['forward_backward']:.1%} over "
+                     f"{e['rounds']} rounds of {len(DEPTHS)} depths in {e['seconds']:.1f} s{unresolved(e)}")
     return out
-
