@@ -289,6 +289,7 @@ def start_accounting(pids: dict) -> None:
     sh("mariadb-install-db", "--no-defaults", f"--datadir={datadir}", "--user=root",
        "--auth-root-authentication-method=normal", "--skip-test-db")
     sock = STATE / "mysql.sock"
+    sock.unlink(missing_ok=True)  # a socket left by an earlier MariaDB would pass the wait below unanswered
     db = subprocess.Popen(["nsenter", f"--net=/run/netns/{HUB}", "mariadbd", "--no-defaults", f"--datadir={datadir}",
                            f"--socket={sock}", "--bind-address=127.0.0.1", "--port=3306", "--user=root",
                            f"--pid-file={STATE}/mysql.pid", f"--log-error={STATE}/log/mariadb.log",
@@ -296,7 +297,8 @@ def start_accounting(pids: dict) -> None:
                           start_new_session=True)
     pids["mariadbd"] = db.pid
     record(pids)
-    _wait(lambda: sock.exists(), 60, "MariaDB did not create its socket")
+    _wait(lambda: sock.exists() and sh("mariadb", "--no-defaults", f"--socket={sock}", "-u", "root", "-e", "SELECT 1",
+                                       check=False).returncode == 0, 60, "MariaDB did not answer on its socket")
     sql = (f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
     sh("mariadb", "--no-defaults", f"--socket={sock}", "-u", "root", "-e", sql)
