@@ -1,6 +1,7 @@
 """Helpers the test modules share: a clean environment for child processes, waiting, and reading runs."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -10,6 +11,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_ONLY = os.path.dirname(sys.executable)  # a PATH with no SLURM client on it: a "laptop"
 _LAUNCH_VARS = ("SLURM_", "SUBMITIT_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
+
+
+def testbed_script():
+    """slurm/testbed/testbed.py as a module (a script, not a package member)."""
+    spec = importlib.util.spec_from_file_location("testbed_script", ROOT / "slurm" / "testbed" / "testbed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def clean_env(slurm_client: bool = True, **extra) -> dict:

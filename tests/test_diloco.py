@@ -40,13 +40,14 @@ def test_rank_killed_while_checkpointing_diloco_resumes_with_its_outer_state_exa
     assert losses(tmp_path / "killed") == losses(tmp_path / "reference")
     if mode != "streamed":
         return
-    # The stop signal after step 16, while the fragment launched after it is in flight: the ranks go on to
-    # step 17 (quiet) and checkpoint there, so the resume is exact too (landing it early would not be).
+    # The stop signal after step 16 is agreed at step 20, the next that logs (log_every 5), while the fragment
+    # launched after step 20 is in flight (a fragment every 2 steps, landing 1 later): the ranks go on to step 21
+    # (quiet) and checkpoint there, so the resume is exact too (landing it early would not be).
     stopped = _torchrun(spec("stopped", stop_check_every=1), entry=["tests.stop_at_step", "16"])
-    assert stopped.wait(timeout=600) != 0 and "stopped by SIGUSR2 after step 17" in stopped.stderr
+    assert stopped.wait(timeout=600) != 0 and "stopped by SIGUSR2 after step 21" in stopped.stderr
     resumed = _torchrun(spec("stopped", stop_check_every=1))
     assert resumed.wait(timeout=600) == 0, resumed.stderr[-2000:]
-    assert RunResult.load(tmp_path / "stopped" / "result.json").resumed_from_step == 17
+    assert RunResult.load(tmp_path / "stopped" / "result.json").resumed_from_step == 21
     assert losses(tmp_path / "stopped") == losses(tmp_path / "reference")
 
 

@@ -109,7 +109,8 @@ def test_gpu_accept_rehearsed_on_cpu_ranks(monkeypatch, capsys, tmp_path):
         row = rows[variant]
         assert row["tokens_per_s_per_device"] > 0 and row["peak_allocated_bytes"] > 0, row
         assert (row["compile_s"] > 0) == (variant != "eager")  # compilation timed apart, only where compiled
-        assert (row["compile_graphs"], row["compile_recompiles"]) == ((0, 0) if variant == "eager" else (2, 1))
+        # while training (no evaluation within the steps): one graph every layer runs, nothing recompiled
+        assert (row["compile_graphs"], row["compile_recompiles"]) == ((0, 0) if variant == "eager" else (1, 0))
     assert rows["parity: compiled + selective AC"]["train"]["max_norm"] == 1.0
     assert "2 x 32 tokens (theirs: 2 x 8192)" in rows["parity: compiled + selective AC"]["differs"]
     assert "needs a GPU with fp8 tensor cores" in rows["compiled + selective AC + float8"]["not_run"]

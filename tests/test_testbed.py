@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, losses, uninterrupted_like, wait_for
+from tests.support import ROOT, losses, testbed_script, uninterrupted_like, wait_for
 from train.contract.result import RunResult
 
 # Under pytest-xdist (-n) every testbed test runs on one worker: one testbed at a time on a machine.
@@ -34,7 +34,7 @@ def _missing() -> str | None:
     if subprocess.run(["ip", "netns", "add", "fsb-probe"], capture_output=True).returncode:
         return "cannot create network namespaces here"
     subprocess.run(["ip", "netns", "del", "fsb-probe"], capture_output=True)
-    if Path("/run/netns/fsb-hub").exists():
+    if Path("/run/netns/fsb-hub").exists() and not testbed_script().stale():  # stale: `up` deletes them
         return "a testbed is already up on this machine (python slurm/testbed/testbed.py down)"
     return None
 
@@ -394,7 +394,7 @@ def test_teardown_leaves_no_process_or_namespace(testbed):
     down = subprocess.run([*TESTBED, "down"], capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stderr
     assert not [ns for ns in NAMESPACES if Path(f"/run/netns/{ns}").exists()]
-    started = set(pids.values()) | {int(p) for ps in inside.values() for p in ps}
+    started = {pid for pid, _ in pids.values()} | {int(p) for ps in inside.values() for p in ps}
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_running(p) for p in started):
         time.sleep(0.2)

@@ -1,23 +1,13 @@
 """Testbed shapes (issue 54, item 6): a cluster file on testbed.yaml builds its own network, and the launcher refuses
 a cluster file whose shape is not the one running."""
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from launcher.settings import compose
 from launcher.submit import running_shape
+from tests.support import testbed_script as _testbed
 from train.contract.common import SubmitError
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _testbed():
-    spec = importlib.util.spec_from_file_location("testbed_script", ROOT / "slurm" / "testbed" / "testbed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name", ["testbed_uneven", "testbed_holdout"])

@@ -158,7 +158,7 @@ class Compute:
 class StepTime:
     compute_s: float | None  # as the schedule ran it (CPU: processor-shared); None: no probe, no peak_flops
     comm_s: dict             # seconds per step by group kind: shard, replicate, federation (amortised over A)
-    no_overlap_s: float      # the schedule's upper limit: compute as given + all communication
+    no_overlap_s: float      # the schedule's upper limit: compute as given + all communication + the host's calls
     full_overlap_s: float    # the old max: forward/backward hide the shard and replicate traffic perfectly, FedAvg
                              # never overlaps (the schedule's lower limit where the two kinds share their links)
     step_s: float            # the estimate: the step's schedule (launcher.placement.schedule)
@@ -294,8 +294,10 @@ def step_time(layout: Layout, shapes: Shapes, model: Model, links: Links, comput
         hidden, source = (compute.forward_s + compute.backward_s) / (P * T) * bubble, compute.source
         exposed_compute = compute.optimizer_s / (S * P * T)
     exposed = federation + comm.get("tensor", 0.0) + comm.get("pipeline", 0.0)
-    no_overlap = hidden + exposed_compute + shard + replicate + exposed
+    # the host's cost per call: on CPU the same cores' work, on GPU issued beside the device's
+    no_overlap = hidden + exposed_compute + shard + replicate + exposed + how.host_s
     full_overlap = max(hidden, shard + replicate) + exposed_compute + exposed
+    full_overlap = max(full_overlap, how.host_s) if overlap else full_overlap + how.host_s
     plan = run(*units_of(layout, shapes, model, links, compute), overlap, how, pipe, tensor, exchange)
     return StepTime(None if compute is None else plan.compute_s, comm, no_overlap, full_overlap, plan.step_s, source,
                     plan.exposed_s, plan.exposed_by_level_s, plan.phases_s)

@@ -236,7 +236,39 @@ def env() -> dict:
 
 
 def record(pids: dict) -> None:
-    (STATE / "pids.json").write_text(json.dumps(pids))
+    """pids.json: each process this testbed started, with its start time, so that `down` never signals a process
+    that reused the number after a restart."""
+    (STATE / "pids.json").write_text(json.dumps({name: [pid, _started(pid)] for name, pid in pids.items()}))
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat, field 22); None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def recorded() -> set[int]:
+    """The processes pids.json names that still run: the same number and the same start time."""
+    pids_file = STATE / "pids.json"
+    ours = json.loads(pids_file.read_text()) if pids_file.exists() else {}
+    return {pid for pid, start in ours.values() if start is not None and _started(pid) == start}
+
+
+def inside(net: dict) -> set[int]:
+    """The processes running in the testbed's namespaces."""
+    found = set()
+    for ns in namespaces(net):
+        if Path(f"/run/netns/{ns}").exists():
+            found |= {int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()}
+    return found
+
+
+def stale() -> bool:
+    """The namespaces' files are there but nothing of the testbed runs (the machine restarted under it): `down`
+    only deletes them."""
+    return Path(f"/run/netns/{HUB}").exists() and not recorded() and not inside(network())
 
 
 def lab(*cmd: str) -> subprocess.CompletedProcess:
@@ -247,6 +279,9 @@ def lab(*cmd: str) -> subprocess.CompletedProcess:
 def up(accounting: bool = True, cluster: str = "testbed") -> None:
     """Start the cluster shaped as conf/cluster/<cluster>.yaml; without `accounting` there is no slurmdbd and sacct
     knows no job."""
+    if stale():
+        print("testbed: the namespaces of a testbed whose processes are gone are left here: deleting them")
+        down()
     if Path(f"/run/netns/{HUB}").exists():
         raise SystemExit("testbed: already up (run `down` first)")
     net = network(cluster)
@@ -325,13 +360,7 @@ def _wait(ok, timeout_s: float, what: str) -> None:
 def down() -> None:
     """End the processes this testbed started and everything inside its namespaces; delete the namespaces."""
     net = network()
-    pids_file = STATE / "pids.json"
-    ours = json.loads(pids_file.read_text()) if pids_file.exists() else {}
-    inside = set()
-    for ns in namespaces(net):
-        if Path(f"/run/netns/{ns}").exists():
-            inside |= {int(p) for p in sh("ip", "netns", "pids", ns, check=False).stdout.split()}
-    targets = set(ours.values()) | inside
+    targets = recorded() | inside(net)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in targets:
             try:
@@ -344,7 +373,7 @@ def down() -> None:
     for ns in namespaces(net):
         if Path(f"/run/netns/{ns}").exists():
             sh("ip", "netns", "del", ns, check=False)
-    pids_file.unlink(missing_ok=True)
+    (STATE / "pids.json").unlink(missing_ok=True)
     (STATE / "network.json").unlink(missing_ok=True)
     print("testbed down")
 

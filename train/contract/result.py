@@ -210,10 +210,11 @@ class RunResult:
                                   "CPU", default=None)
     tf32: bool | None = _doc("train.tf32 as the run had it on CUDA (fp32 matmuls on TF32 tensor cores); null on "
                              "CPU", default=None)
-    compile_graphs: int = _doc("graphs torch.compile traced (train.compile): one for every decoder layer, one more "
-                               "for evaluation", default=0)
-    compile_recompiles: int = _doc("of those, traces of a frame traced before (evaluation's mode is one); more "
-                                   "means a step recompiled", default=0)
+    compile_graphs: int = _doc("graphs torch.compile traced while training (train.compile): one that every decoder "
+                               "layer runs, one more once an evaluation ran within the steps (eval_every); the "
+                               "final evaluation, after the training clock stops, is not counted", default=0)
+    compile_recompiles: int = _doc("of those, traces of a frame traced before (evaluation's no-grad mode is one); "
+                                   "more means a step recompiled", default=0)
     config: str | None = _doc("the configuration this run repeats: its layout's name and multirun point (the "
                               "spec's config); the report groups repeats by it. Null in results before 2026-12-06, "
                               "whose run_id carried it", default=None)
