@@ -13,7 +13,7 @@ PYTHON_ONLY = os.path.dirname(sys.executable)  # a PATH with no SLURM client on 
 _LAUNCH_VARS = ("SLURM_", "SUBMITIT_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")
 
 
-def testbed_script():
+def load_testbed():
     """slurm/testbed/testbed.py as a module (a script, not a package member)."""
     spec = importlib.util.spec_from_file_location("testbed_script", ROOT / "slurm" / "testbed" / "testbed.py")
     module = importlib.util.module_from_spec(spec)

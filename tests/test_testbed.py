@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, losses, testbed_script, uninterrupted_like, wait_for
+from tests.support import ROOT, load_testbed, losses, uninterrupted_like, wait_for
 from train.contract.result import RunResult
 
 # Under pytest-xdist (-n) every testbed test runs on one worker: one testbed at a time on a machine.
@@ -34,7 +34,7 @@ def _missing() -> str | None:
     if subprocess.run(["ip", "netns", "add", "fsb-probe"], capture_output=True).returncode:
         return "cannot create network namespaces here"
     subprocess.run(["ip", "netns", "del", "fsb-probe"], capture_output=True)
-    if Path("/run/netns/fsb-hub").exists() and not testbed_script().stale():  # stale: `up` deletes them
+    if Path("/run/netns/fsb-hub").exists() and not load_testbed().stale():  # stale: `up` deletes them
         return "a testbed is already up on this machine (python slurm/testbed/testbed.py down)"
     return None
 

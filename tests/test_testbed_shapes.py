@@ -6,7 +6,7 @@ import pytest
 
 from launcher.settings import compose
 from launcher.submit import running_shape
-from tests.support import testbed_script as _testbed
+from tests.support import load_testbed as _testbed
 from train.contract.common import SubmitError
 
 
