@@ -256,7 +256,8 @@ def test_a_preempted_job_resumes_without_spending_a_retry(testbed, tmp_path):
 
     def preempt(job: str) -> None:
         jobs.append(job)
-        lab("sbatch", "-p", "urgent", "-N", "4", "-J", "urgent", "--wrap", "sleep 5").check_returncode()
+        urgent = ("-p", "urgent", "-N", "4", "-J", "urgent", "-o", "/dev/null")  # no slurm-N.out in the tree
+        lab("sbatch", *urgent, "--wrap", "sleep 5").check_returncode()
         wait_for(lambda: lab("sacct", "-j", job, "-X", "-n", "-P", "-o", "State").stdout.strip() == "PREEMPTED",
                  "sacct to record the run's job PREEMPTED", 120)
 
