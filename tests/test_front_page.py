@@ -25,7 +25,9 @@ CONDITIONS = ("| 1. fedshard's order, `tiny`, 64 tokens | 0 of 8 | 38.5 % | −4
 SHAPES = ("| testbed (2 + 2 leaves, 1 Gbit/100 Mbit) | 3 of 6 | 22.1 % | FSDP +67.2 % | yes | 0 of 15 | misses |",
           "| testbed_uneven (3 + 1, 400/100 Mbit) | 5 of 6 | 11.4 % | FSDP +23.9 % | yes | 0 of 15 | misses |",
           "| testbed_holdout (2 + 1 + 1, 1 Gbit/200 Mbit) | 4 of 6 | 14.0 % | FL+HSDP −23.2 % | yes | 0 of 15 "
-          "| misses |")
+          "| misses |",
+          "| testbed_holdout, SLURM's order | 1 of 6 | 26.9 % | FL+HSDP −36.0 % | yes | 0 of 15 | misses |",
+          "| testbed_holdout, `mini` | 6 of 6 | 6.5 % | FL+HSDP +19.7 % | yes | 0 of 15 | passes |")
 RERUN = ("| HSDP | (1,4,2) | – | 3 | 26.26 ± 1.28 | 644 ± 33 | 483.93 | 492.50 ± 23.90 | 1.80× (1.72–1.88) |",
          "| FL+FSDP | (4,1,2) | 8 | 3 | 9.70 ± 0.72 | 1,902 ± 122 | 573.52 | 566.28 ± 51.82 | 4.88× (4.49–5.31) |",
          "| FL+HSDP | (2,2,2) | 8 | 3 | 10.86 ± 1.20 | 1,636 ± 177 | 511.57 | 512.65 ± 37.58 | 4.36× (3.90–4.87) |")
@@ -77,9 +79,14 @@ QUOTES = [
     (FINDINGS, "5 of 6 on uneven leaves (11.4 %)", TESTBED, SHAPES[1]),
     (FINDINGS, "4 of 6 on the hold-out", TESTBED, SHAPES[2]),
     (FINDINGS, "shape nothing was fitted on (14.0 %)", TESTBED, SHAPES[2]),
-    (FINDINGS, "12 of 18 within ±20 %, mean |error| 15.8 %", TESTBED, ("12 of 18 within ±20 %", "mean |error| 15.8 %")),
-    (FRONT, "12 of 18 `tiny` configurations within ±20 % on three testbed shapes (mean |error| 15.8 %)", TESTBED,
-     ("12 of 18 within ±20 %", "mean |error| 15.8 %")),
+    (FINDINGS, "1 of 6 (26.9 %)", TESTBED, SHAPES[3]),
+    (FINDINGS, "6 of 6", TESTBED, SHAPES[4]),
+    (FINDINGS, "(6.5 %)", TESTBED, SHAPES[4]),
+    (FINDINGS, "19 of 30 within ±20 %, mean |error| 16.2 %", TESTBED, ("19 of 30 within ±20 %", "mean |error| 16.2 %")),
+    (FRONT, "19 of 30 configurations within ±20 %", TESTBED, "19 of 30 within ±20 %"),
+    (FRONT, "(mean |error|", TESTBED, "mean |error|"),
+    (FRONT, "16.2 %;", TESTBED, "mean |error| 16.2 %"),
+    (FRONT, "`mini` on the hold-out shape passes, 6.5 %)", TESTBED, SHAPES[4]),
     (FINDINGS, "weak scaling 2 of 12 within ±20 % (worst +105.2 %, mean |error| 43.7 %)",
      "results/testbed/scaling_weak/prediction.md",
      "2 of 12 registered predictions within ±20%; largest error +105.2% (fsdp-F1-R1-S2); mean |error| 43.7%."),
