@@ -361,9 +361,8 @@ class Trainer:
             return None
         not_measured = exposed.why_not(self.device, self.layout.T)
         tokens, seconds = self.state.tokens - before[0], train_time - before[1]
-        first = self.log.first_step()
-        if any(skipped for _, _, skipped in readings) and first is not None:  # the steps tokens/s counts
-            tokens, seconds = tokens - first["tokens"], seconds - (first["step_time"] - self.state.first_step_compile_s)
+        if any(skipped for _, _, skipped in readings):  # the steps tokens/s counts
+            tokens, seconds = self._after_the_first_step(tokens, seconds)
         efficiency = {"exposed_comm_s": None if not_measured else self.log.mean_blocked_s(),
                       "exposed_comm_method": not_measured or exposed.METHOD[self.device],
                       **energy.summary([(j, s) for j, s, _ in readings], tokens, seconds, self.world)}
@@ -396,13 +395,21 @@ class Trainer:
         self.meter.start()
         return counter.source
 
+    def _after_the_first_step(self, tokens: int, seconds: float) -> tuple[int, float]:
+        """(tokens, seconds) less the first step (log.first_step: its communicator set-up; its compilation is already
+        timed apart): what tokens/s and tokens/J count. Unchanged where the log holds no first step."""
+        first = self.log.first_step()
+        if first is None:
+            return tokens, seconds
+        return tokens - first["tokens"], seconds - (first["step_time"] - self.state.first_step_compile_s)
+
     def summary(self, train_time, eval_ppl, eval_time, ranks, backend, measured: dict) -> RunResult:
         spec, cfg = self.spec, self.cfg
         tokens = self.state.tokens  # the whole run, as train_time (an elastic resume changed the world)
         first = self.log.first_step()
         steady = self.log.steady_step(spec.layout.A)
-        tokens_per_s = tokens / train_time if first is None else \
-            (tokens - first["tokens"]) / (train_time - (first["step_time"] - self.state.first_step_compile_s))
+        counted, seconds = self._after_the_first_step(tokens, train_time)
+        tokens_per_s = counted / seconds
         n_params = self.params
         mfu = None
         if measured["exposed_comm_s"] is not None:

@@ -30,15 +30,17 @@ from train.measure.calibrate import MIN_ROUNDS, PHASES, PROBE_REDUCE_DTYPE, _bui
 from train.measure.probe import _run
 from train.parallel import mesh as meshes
 from train.parallel import parallelize
+from train.runtime import launch_env
 
 CALLS_S = 0.1      # each collective is called for at least this long
 MAX_CALLS = 1000
 
 
 def collective_seconds(collectives: tuple[str, ...], device: str = "cpu") -> dict:
-    """{collective: {median_s, interval_s: [low, high] (95 %), calls}}: one call of one fp32 element on a one-rank
-    group, the slowest rank's median over as many calls as last CALLS_S (at least 20; `calls`: the most a rank made).
-    Every rank must call it."""
+    """{collective: {median_s, interval_s: [low, high] (95 %), calls}}: the host's seconds issuing one call of one
+    fp32 element on a one-rank group (on CUDA not waiting for the device: the model compares the host's time with
+    the device's), the slowest rank's median over as many calls as last CALLS_S (at least 20; `calls`: the most a
+    rank made). Every rank must call it."""
     world = dist.get_world_size()
     alone = init_device_mesh(device, (world, 1), mesh_dim_names=("host", "alone"))["alone"].get_group()
     out = {}
@@ -50,12 +52,11 @@ def collective_seconds(collectives: tuple[str, ...], device: str = "cpu") -> dic
         once = time.perf_counter() - start
         count = min(MAX_CALLS, max(20, math.ceil(CALLS_S / max(once, 1e-9))))
         times = []
-        for _ in range(count):
+        for _ in range(count):  # the host's seconds issuing a call: on CUDA the device's own time is not waited for
             start = time.perf_counter()
             _run(collective, buf, alone, 1)
-            if device == "cuda":
-                torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+        launch_env.sync_device(device)  # the calls done before the ranks compare
         lo, hi = robust.median_interval(times)
         slowest = torch.tensor([statistics.median(times), lo, hi, count], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
