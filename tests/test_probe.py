@@ -221,7 +221,7 @@ def test_action_validate_probes_then_runs_with_registered_predictions(tmp_path):
                                *args, f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=900,
                               env=clean_env(slurm_client=False))
 
-    proc = launcher("action=validate", "probe.max_bytes=16777216", "probe.iters=3")
+    proc = launcher("action=validate", "probe.max_bytes=16777216", "probe.iters=3", "probe.budget_s=2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweep = tmp_path / "local" / "smoke"
     assert "probe written to" in proc.stdout and proc.stdout.index("probe written to") < proc.stdout.index("submitted")
