@@ -55,9 +55,10 @@ def _packs(layout: Layout, G: int) -> bool:
 
 def resized(run: Run, layout: Layout, G: int, note: str) -> Run:
     """`run` on another layout of its strategy, resuming elastically in the same directory under the same run id
-    (the spec keeps its config and repeat)."""
+    (the spec keeps its config and repeat). An injected fault (train.fault_step) is not carried: its group may not
+    exist on fewer nodes, and the loss that made the run shrink is the fault it measures."""
     raw = run.spec.to_dict()
-    raw.update(F=layout.F, R=layout.R, S=layout.S, train={**raw["train"], "elastic": True})
+    raw.update(F=layout.F, R=layout.R, S=layout.S, train={**raw["train"], "elastic": True, "fault_step": 0})
     per_unit, units = allocate.units(layout, G)
     return Run(spec=RunSpec.from_dict(raw), nodes=per_unit * units, note=note)
 

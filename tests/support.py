@@ -82,8 +82,10 @@ def uninterrupted(spec: dict):
 
 
 def uninterrupted_like(spec_path: Path, out_dir: Path):
-    """The run spec at spec_path (a launcher's <run dir>/spec.json, or a test's), trained uninterrupted into out_dir."""
-    return uninterrupted({**json.loads(spec_path.read_text()), "out_dir": str(out_dir)})
+    """The run spec at spec_path (a launcher's <run dir>/spec.json, or a test's), trained uninterrupted into out_dir:
+    with no injected fault (train.fault_step)."""
+    raw = json.loads(spec_path.read_text())
+    return uninterrupted({**raw, "out_dir": str(out_dir), "train": {**raw.get("train", {}), "fault_step": 0}})
 
 
 def _uninterrupted_rank(rank: int, world: int, raw: dict):

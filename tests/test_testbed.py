@@ -5,7 +5,6 @@ anything missing is a failure; elsewhere these tests skip and say why.
 """
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -201,10 +200,11 @@ _REFERENCES: dict[str, list] = {}
 
 
 def _uninterrupted_losses(run_dir: Path, scratch: Path) -> list:
-    """The losses of run_dir's spec trained uninterrupted on forked local gloo ranks (tests/support.py) into
-    scratch: the fault tests below share one spec, so it is trained once per module, not once per test."""
+    """The losses of run_dir's spec trained uninterrupted (no injected fault) on forked local gloo ranks
+    (tests/support.py) into scratch: the fault tests below share one spec, so it is trained once per module."""
     spec = json.loads((run_dir / "spec.json").read_text())
-    key = json.dumps({k: v for k, v in spec.items() if k != "out_dir"}, sort_keys=True)
+    train = {k: v for k, v in spec.get("train", {}).items() if not k.startswith("fault_")}  # trained without it
+    key = json.dumps({**{k: v for k, v in spec.items() if k != "out_dir"}, "train": train}, sort_keys=True)
     if key not in _REFERENCES:
         uninterrupted_like(run_dir / "spec.json", scratch)
         _REFERENCES[key] = losses(scratch)
@@ -292,35 +292,31 @@ def test_a_preempted_job_resumes_without_spending_a_retry(testbed, tmp_path):
 
 @pytest.mark.slow
 def test_a_node_failure_is_named_and_retried(testbed, tmp_path):
-    """NODE_FAIL as SLURM means it (issue 57): one node of the run's job goes down after its step-20 checkpoint.
-    The job may not be requeued (--no-requeue; SLURM's own requeue after a node loss is
+    """NODE_FAIL as SLURM means it (issue 57), from the fault fedshard injects (issue 56; tests/test_fault.py):
+    after step 20 (and its checkpoint) federation group 1's ranks set their node DOWN and die. The job may not be
+    requeued (--no-requeue; SLURM's own requeue after a node loss is
     test_a_node_lost_mid_run_shrinks_the_federation...'s path), so SLURM ends it NODE_FAIL; the launcher names the
     node failure and the node, and retries the run (retries=1) on the nodes left, from its checkpoint."""
-    from launcher.slurm.hostlist import expand
-
-    jobs, down = [], []
-
-    def fail_a_node(job: str) -> None:
-        jobs.append(job)
-        listed = re.search(r"\bNodeList=(\S+)", lab("scontrol", "-o", "show", "job", job).stdout).group(1)
-        down.append(expand(listed)[-1])  # not the batch host, which SLURM lists first
-        lab("scontrol", "update", f"nodename={down[0]}", "state=down", "reason=fedshard-node-fail-test") \
-            .check_returncode()
-        wait_for(lambda: lab("sacct", "-j", job, "-X", "-n", "-P", "-o", "State").stdout.strip() == "NODE_FAIL",
-                 "sacct to record the run's job NODE_FAIL", 120)
-
-    try:
-        out, entry = _sweep_with_fault(tmp_path / "node_fail", fail_a_node, "+cluster.sbatch_extra.no_requeue=true")
-    finally:
-        for node in down:
-            lab("scontrol", "update", f"nodename={node}", "state=resume")
-    print(_sacct(jobs[0]))
+    _wait_idle()
+    launcher = lab(sys.executable, "-m", "launcher", *RESUME_SWEEP, "train.fault_step=20", "train.fault_group=1",
+                   "+cluster.sbatch_extra.no_requeue=true", f"results_dir={tmp_path / 'node_fail'}", timeout=600,
+                   cwd=ROOT)
+    down = [line.split()[-1] for line in lab("sinfo", "-R", "-h", "-o", "%E %N").stdout.splitlines()
+            if line.startswith("fedshard fault at step 20")]
+    for node in down:
+        lab("scontrol", "update", f"nodename={node}", "state=resume")
+    assert launcher.returncode == 0, launcher.stdout[-3000:] + launcher.stderr[-3000:]
+    out = launcher.stdout
+    assert len(down) == 1, down  # group 1 is one node of S = 2 ranks
     failed = next(line for line in out.splitlines() if f"{RESUME_RUN}: FAILED" in line)
     assert "node failure (SLURM: NODE_FAIL)" in failed and f"lost node(s) {down[0]}" in failed, failed
     assert "retrying 1 failed run(s)" in out and "not retrying" not in out
+    entry = json.loads((tmp_path / "node_fail" / "testbed" / "smoke" / "manifest.jsonl").read_text())
     assert entry["state"] == "COMPLETED" and entry["attempts"] == 2 and down[0] not in entry["nodes"], entry
     run_dir = tmp_path / "node_fail" / "testbed" / "smoke" / RESUME_RUN
-    assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
+    fault = json.loads((run_dir / "fault.json").read_text())
+    assert (fault["step"], fault["group"]) == (20, 1)
+    assert RunResult.load(run_dir / "result.json").resumed_from_step == 20
     assert losses(run_dir) == _uninterrupted_losses(run_dir, tmp_path / "reference")
 
 

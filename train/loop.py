@@ -31,6 +31,7 @@ from train.parallel import mesh as meshes
 from train.parallel import parallelize, pipeline
 from train.parallel.parallelize import clip_grad_norm
 from train.runtime import checkpoint, launch_env
+from train.runtime import fault as faults
 from train.runtime.nonfinite import Guard
 from train.runtime.preemption import StopRequest
 from train.runtime.watchdog import Watchdog
@@ -89,10 +90,12 @@ class Trainer:
                                    device)
         self.out_dir = out_dir
         self.start_step = 0  # where this attempt starts: 0, or the step of the checkpoint `restore()` loads
+        self.resumed_at = 0.0  # when restore() had it ready to train (epoch seconds)
         self.apart = {"checkpoint": 0.0, "logging": 0.0, "eval": 0.0, "compile": 0.0}  # outside the training time
         self._in_apart = False  # inside a _timed_apart section, whose clock already moves past a compilation
         self.compile_clock = CompileClock(self._compiled, self._compiling) if self.cfg.compile else None
         self.checkpoints = 0
+        self.fault = faults.Fault.armed(spec, rank, out_dir)  # train.fault_step: this rank dies there
         self.profiler = profiling.StepProfiler(self.cfg.profile, self.cfg.steps, device)
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
         self.energy_skips_first = False  # the meter left this attempt's first step out (run's first attempt)
@@ -114,6 +117,7 @@ class Trainer:
             # Groups legitimately differ now: the guard re-checks layouts (not contents) before the next FedAvg.
         elif self.fedavg is not None:
             self.fedavg.check_alignment(contents=True)
+        self.resumed_at = time.time()  # where an injected fault's cost ends (train.runtime.fault.record)
 
     def _build_model(self) -> torch.nn.Module:
         dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.layout.strategy)
@@ -288,6 +292,8 @@ class Trainer:
                         self.fedavg.flush()  # only after the last step: others wait for one with nothing in flight
                     self.checkpointer.save(self.model, self.optimizer, self.state, self.fedavg)
                 self.checkpoints += 1
+            if self.fault is not None and self.fault.due(done):
+                self.fault.strike(self.out_dir, self.rank)
             if stopping:
                 if self.watchdog is not None:
                     self.watchdog.close()  # waiting for the requeue is not a hang
@@ -437,6 +443,7 @@ class Trainer:
             data={**self.source.describe(), **self.source.seen(tokens)},
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
             layout_changes=self.state.layout_changes,
+            fault=faults.record(self.out_dir, self.start_step, self.resumed_at, self.global_batch * cfg.seq_len),
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             compile_s=self.apart["compile"], eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,

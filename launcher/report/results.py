@@ -51,6 +51,7 @@ def _merge(config: str, runs: list[RunResult]) -> dict:
         elif _is_number(value):
             merged[key] = _mean([r[key] for r in rows if _is_number(r[key])])
     merged["layout_changes"] = [{**change, "run_id": r.run_id} for r in runs for change in r.layout_changes]
+    merged["faults"] = [{**r.fault, "run_id": r.run_id} for r in runs if r.fault]
     merged["phases"] = {p: Stats.pool([r.phases[p] for r in runs]) for p in runs[0].phases}
     merged["aggregation_event"] = Stats.pool([r.aggregation_event for r in runs])
     for key in SPREAD:

@@ -161,10 +161,13 @@ def planned_world(r: dict) -> int:
 
 def layout_cell(r: dict, degrees: bool = True) -> str:
     """(F,R,S) as planned, `pp=P tp=T` where above 1 (unless the table has columns for them), and
-    `→ (F',R',S')*` where a run lost nodes and resumed on fewer (shrink_notes)."""
+    `→ (F',R',S')*` where a run lost nodes and resumed on fewer (shrink_notes), and † where a fault was injected
+    (fault_notes)."""
     cell = "({F},{R},{S})".format(**planned_layout(r))
     cell += "".join(f" {k}={r.get(k, 1)}" for k in ("pp", "tp") if degrees and r.get(k, 1) > 1)
-    return cell + " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"]) if r["layout_changes"] else cell
+    if r["layout_changes"]:
+        cell += " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"])
+    return cell + " †" if r.get("faults") else cell
 
 
 def model_parallel(rows: list[dict]) -> bool:
@@ -197,6 +200,15 @@ def shrink_notes(rows: list[dict]) -> list[str]:
             f"(retry_shrink, train.elastic); {c['streams_dropped']} data stream(s) were not trained from there on. "
             f"Its time, throughput and perplexity mix the two layouts."
             for r in rows for c in r["layout_changes"]]
+
+
+def fault_notes(rows: list[dict]) -> list[str]:
+    """One note per injected fault (train.fault_step): what struck, and what the run paid for it."""
+    return [f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); the "
+            f"next attempt resumed from step {f['resumed_from_step']}, {f['steps_retrained']} step(s) "
+            f"({f['tokens_retrained']} tokens) trained again, {f['fault_to_resume_s']:.0f} s from the fault to the "
+            f"resume; its training time counts each step once, so those seconds are not in it."
+            for r in rows for f in r.get("faults", [])]
 
 
 def span_note(results: list[RunResult]) -> str:
@@ -326,7 +338,7 @@ def table3(results: list[RunResult], predicted: dict[str, float] | None = None) 
         table.notes.append(f"PPL floor{value_note}: the perplexity of the synthetic data's own source (its entropy "
                            f"rate): no model can go below it, so eval PPL near it means the run learned all there "
                            f"is. Evaluation time is in Table 4.")
-    table.notes += shrink_notes(rows)
+    table.notes += shrink_notes(rows) + fault_notes(rows)
     return table
 
 
@@ -360,5 +372,5 @@ def table4(results: list[RunResult]) -> Table:
     if any(not r["A"] for r in rows):
         table.notes.append("FSDP and HSDP never average (no A): their aggregation is \"–\", not the phase clock's "
                            "reading of an interval in which nothing crosses groups.")
-    table.notes += shrink_notes(rows)
+    table.notes += shrink_notes(rows) + fault_notes(rows)
     return table

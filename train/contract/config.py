@@ -184,9 +184,22 @@ class Kernels:
                                "issued changes")
 
 
+@dataclass
+class Faults:
+    """A fault injected on purpose (issue 56): the same fault at the same step on the same seeds is what lets
+    layouts and recovery paths be compared on what a lost node costs them."""
+
+    fault_step: int = key(0, "after this optimizer step (and its checkpoint, if one is due) of a run's first "
+                             "attempt, the ranks of federation group fault_group die (SIGKILL), their SLURM nodes "
+                             "set DOWN first, as a lost node's are; <run>/fault.json records it (0: no fault)", COUNT)
+    fault_group: int = key(0, "the federation group train.fault_step kills, 0 to F - 1 (FSDP and HSDP have one: "
+                              "the whole run)", COUNT)
+
+
 # Bases in reverse: a dataclass lists its bases' fields from the last base to the first.
 @dataclass
-class TrainConfig(Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterStep, Numerics, Optimizer, Batches):
+class TrainConfig(Faults, Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterStep, Numerics, Optimizer,
+                  Batches):
     """Optimisation and measurement settings of one run; defaults are the paper authors' (AdamW 0.9/0.95, wd 0.1,
     10 % warm-up, cosine)."""
 
@@ -196,6 +209,9 @@ class TrainConfig(Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterSt
             raise SpecError("train.float8_all_gather=true gathers float8 weights, which only train.float8=true has: "
                             "set both, or neither")
         profile_window(self.profile, self.steps)
+        if self.fault_step >= self.steps:
+            raise SpecError(f"train.fault_step={self.fault_step} must be below train.steps={self.steps}: the fault "
+                            f"comes after that step, and a run that has ended has nothing left to lose")
         if self.aggregation_dtype != "fp32" and self.average_optimizer_state:
             raise SpecError(f"train.aggregation_dtype={self.aggregation_dtype} compresses pseudo-gradients, which "
                             f"optimizer moments have none of: use it with train.average_optimizer_state=false")

@@ -103,6 +103,9 @@ class RunSpec:
             for f in dataclasses.fields(OuterStep):
                 if f.name not in ("average_optimizer_state", "final_average"):
                     setattr(t, f.name, f.default)
+        if t.fault_step and not t.fault_group < layout.F:
+            raise SpecError(f"train.fault_group={t.fault_group} names no federation group of {layout.name}: "
+                            f"its groups are 0 to {layout.F - 1}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise SpecError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.backend not in ("auto", "gloo", "nccl"):
@@ -189,11 +192,12 @@ class RunSpec:
 
 
 # Spec keys that do not change what a run measures: where it writes, how long to wait for peers, how often to
-# checkpoint. Every other key is part of the run's identity (train.loop refuses a checkpoint, and the launcher
-# a run directory, made with a spec that differs in any of them).
+# checkpoint, which fault to inject (its cost is result.json's `fault`, apart from the steps' times). Every other
+# key is part of the run's identity (train.loop refuses a checkpoint, and the launcher a run directory, made with a
+# spec that differs in any of them).
 NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.heartbeat_dir", "train.profile",
                           "train.checkpoint_every", "train.keep_checkpoints", "train.stop_check_every",
-                          "train.elastic"})
+                          "train.elastic", "train.fault_step", "train.fault_group"})
 # What an elastic resume (train.elastic) may change: the data-parallel grid (the run keeps its id; checkpoints
 # before 2026-12-06 stored no config and renamed nothing either).
 ELASTIC = frozenset({"F", "R", "S"})
