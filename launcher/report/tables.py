@@ -204,11 +204,17 @@ def shrink_notes(rows: list[dict]) -> list[str]:
 
 def fault_notes(rows: list[dict]) -> list[str]:
     """One note per injected fault (train.fault_step): what struck, and what the run paid for it."""
-    return [f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); the "
+    return [_fault_note(f) for r in rows for f in r.get("faults", [])]
+
+
+def _fault_note(f: dict) -> str:
+    if f["kind"] == "slow":
+        return (f"† {f['run_id']}: federation group {f['group']} ran at {f['speed']:g} of its speed from step "
+                f"{f['step']} on (train.fault_kind=slow); its time and throughput include it.")
+    return (f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); the "
             f"next attempt resumed from step {f['resumed_from_step']}, {f['steps_retrained']} step(s) "
             f"({f['tokens_retrained']} tokens) trained again, {f['fault_to_resume_s']:.0f} s from the fault to the "
-            f"resume; its training time counts each step once, so those seconds are not in it."
-            for r in rows for f in r.get("faults", [])]
+            f"resume; its training time counts each step once, so those seconds are not in it.")
 
 
 def span_note(results: list[RunResult]) -> str:

@@ -38,6 +38,7 @@ WIRE_DTYPES = ("fp32", "bf16", "int8")  # train.aggregation_dtype (train.federat
 ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does (train.runtime.nonfinite)
 PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.parallel.pipeline)
 CHECKPOINTING = ("none", "full", "selective")  # train.activation_checkpointing (train.parallel.checkpointing)
+FAULT_KINDS = ("kill", "slow")  # train.fault_kind (train.runtime.fault)
 
 
 @dataclass
@@ -190,10 +191,15 @@ class Faults:
     layouts and recovery paths be compared on what a lost node costs them."""
 
     fault_step: int = key(0, "after this optimizer step (and its checkpoint, if one is due) of a run's first "
-                             "attempt, the ranks of federation group fault_group die (SIGKILL), their SLURM nodes "
-                             "set DOWN first, as a lost node's are; <run>/fault.json records it (0: no fault)", COUNT)
-    fault_group: int = key(0, "the federation group train.fault_step kills, 0 to F - 1 (FSDP and HSDP have one: "
-                              "the whole run)", COUNT)
+                             "attempt, the fault (train.fault_kind) strikes federation group fault_group; "
+                             "<run>/fault.json records it (0: no fault)", COUNT)
+    fault_group: int = key(0, "the federation group the fault strikes, 0 to F - 1 (FSDP and HSDP have one: the "
+                              "whole run)", COUNT)
+    fault_kind: str = key("kill", "kill: the group's ranks die (SIGKILL), their SLURM nodes set DOWN first, as a lost "
+                                  "node's are | slow: from then on they run only train.fault_speed of each 100 ms "
+                                  "(stopped and continued, as a CPU quota throttles them)", one_of(FAULT_KINDS))
+    fault_speed: float = key(0.5, "fault_kind=slow: the share of the time the group's ranks still run",
+                             Limit("in (0, 1)", lambda v: 0 < v < 1))
 
 
 # Bases in reverse: a dataclass lists its bases' fields from the last base to the first.

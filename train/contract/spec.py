@@ -197,7 +197,8 @@ class RunSpec:
 # spec that differs in any of them).
 NOT_IDENTITY = frozenset({"out_dir", "train.timeout_s", "train.watchdog_s", "train.heartbeat_dir", "train.profile",
                           "train.checkpoint_every", "train.keep_checkpoints", "train.stop_check_every",
-                          "train.elastic", "train.fault_step", "train.fault_group"})
+                          "train.elastic", "train.fault_step", "train.fault_group", "train.fault_kind",
+                          "train.fault_speed"})
 # What an elastic resume (train.elastic) may change: the data-parallel grid (the run keeps its id; checkpoints
 # before 2026-12-06 stored no config and renamed nothing either).
 ELASTIC = frozenset({"F", "R", "S"})
