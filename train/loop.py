@@ -95,7 +95,7 @@ class Trainer:
         self._in_apart = False  # inside a _timed_apart section, whose clock already moves past a compilation
         self.compile_clock = CompileClock(self._compiled, self._compiling) if self.cfg.compile else None
         self.checkpoints = 0
-        self.fault = faults.Fault.armed(spec, rank, out_dir)  # train.fault_step: this rank dies there
+        self.fault = faults.Fault.armed(spec, rank, out_dir)  # train.fault_step: where it strikes this rank
         self.profiler = profiling.StepProfiler(self.cfg.profile, self.cfg.steps, device)
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
         self.energy_skips_first = False  # the meter left this attempt's first step out (run's first attempt)
