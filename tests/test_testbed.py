@@ -15,6 +15,7 @@ import pytest
 
 from tests.support import ROOT, load_testbed, losses, uninterrupted_like, wait_for
 from train.contract.result import RunResult
+from train.contract.spec import identity
 
 # Under pytest-xdist (-n) every testbed test runs on one worker: one testbed at a time on a machine.
 pytestmark = pytest.mark.xdist_group("testbed")
@@ -201,10 +202,9 @@ _REFERENCES: dict[str, list] = {}
 
 def _uninterrupted_losses(run_dir: Path, scratch: Path) -> list:
     """The losses of run_dir's spec trained uninterrupted (no injected fault) on forked local gloo ranks
-    (tests/support.py) into scratch: the fault tests below share one spec, so it is trained once per module."""
-    spec = json.loads((run_dir / "spec.json").read_text())
-    train = {k: v for k, v in spec.get("train", {}).items() if not k.startswith("fault_")}  # trained without it
-    key = json.dumps({**{k: v for k, v in spec.items() if k != "out_dir"}, "train": train}, sort_keys=True)
+    (tests/support.py) into scratch: the fault tests below share one identity (train.contract.spec.identity, which
+    leaves out where a run writes and the fault it is dealt), so it is trained once per module."""
+    key = json.dumps(identity(json.loads((run_dir / "spec.json").read_text())), sort_keys=True)
     if key not in _REFERENCES:
         uninterrupted_like(run_dir / "spec.json", scratch)
         _REFERENCES[key] = losses(scratch)
@@ -298,13 +298,15 @@ def test_a_node_failure_is_named_and_retried(testbed, tmp_path):
     test_a_node_lost_mid_run_shrinks_the_federation...'s path), so SLURM ends it NODE_FAIL; the launcher names the
     node failure and the node, and retries the run (retries=1) on the nodes left, from its checkpoint."""
     _wait_idle()
-    launcher = lab(sys.executable, "-m", "launcher", *RESUME_SWEEP, "train.fault_step=20", "train.fault_group=1",
-                   "+cluster.sbatch_extra.no_requeue=true", f"results_dir={tmp_path / 'node_fail'}", timeout=600,
-                   cwd=ROOT)
-    down = [line.split()[-1] for line in lab("sinfo", "-R", "-h", "-o", "%E %N").stdout.splitlines()
-            if line.startswith("fedshard fault at step 20")]
-    for node in down:
-        lab("scontrol", "update", f"nodename={node}", "state=resume")
+    try:
+        launcher = lab(sys.executable, "-m", "launcher", *RESUME_SWEEP, "train.fault_step=20", "train.fault_group=1",
+                       "+cluster.sbatch_extra.no_requeue=true", f"results_dir={tmp_path / 'node_fail'}", timeout=600,
+                       cwd=ROOT)
+    finally:  # the later tests need every node, whatever became of this one
+        down = [line.split()[-1] for line in lab("sinfo", "-R", "-h", "-o", "%E %N").stdout.splitlines()
+                if line.startswith("fedshard fault at step 20")]
+        for node in down:
+            lab("scontrol", "update", f"nodename={node}", "state=resume")
     assert launcher.returncode == 0, launcher.stdout[-3000:] + launcher.stderr[-3000:]
     out = launcher.stdout
     assert len(down) == 1, down  # group 1 is one node of S = 2 ranks

@@ -27,8 +27,9 @@ def retryable(reason: str) -> bool:
 
 
 def failure_reason(job, tasks: int) -> str:
-    """The last error line the job's tasks wrote (read from their logs: asking submitit would wait on sacct), or
-    the line naming a local rank that a signal ended, whose death the others' errors follow from."""
+    """The last error line the job's tasks wrote (read from their logs: asking submitit would wait on sacct); in a
+    local job, its task's verdict (train.job.forked_ranks.RankError), which names the rank that failed first and its
+    error line: the other ranks' errors follow from that one and may be written after it."""
     for task in range(tasks):
         try:
             text = submitit_compat.task_paths(job.paths.folder, job.job_id, task).stderr.read_text(errors="replace")
@@ -39,11 +40,9 @@ def failure_reason(job, tasks: int) -> str:
         # the task failed, and would hide which error (and so whether a retry can pass)
         errors = [line for line in lines if ("fedshard: error" in line or "Error" in line or "error:" in line)
                   and not line.startswith("srun: ")]
-        # a local job's rank that died by a signal (killed, as a lost node's are; an injected fault) caused the
-        # others' errors (gloo's "Connection closed by peer"), which may be written after its task's verdict
-        killed = [line for line in errors if "RankError: " in line and " was ended by SIG" in line]
+        verdict = [line for line in errors if "RankError: " in line]
         if errors:
-            return (killed or errors)[-1][:300]
+            return (verdict or errors)[-1][:300]
     return "no result.json (see the submitit logs)"
 
 

@@ -167,7 +167,7 @@ def layout_cell(r: dict, degrees: bool = True) -> str:
     cell += "".join(f" {k}={r.get(k, 1)}" for k in ("pp", "tp") if degrees and r.get(k, 1) > 1)
     if r["layout_changes"]:
         cell += " → ({F},{R},{S})*".format(**r["layout_changes"][-1]["to"])
-    return cell + " †" if r.get("faults") else cell
+    return cell + " †" if r["faults"] else cell
 
 
 def model_parallel(rows: list[dict]) -> bool:
@@ -204,7 +204,7 @@ def shrink_notes(rows: list[dict]) -> list[str]:
 
 def fault_notes(rows: list[dict]) -> list[str]:
     """One note per injected fault (train.fault_step): what struck, and what the run paid for it."""
-    return [_fault_note(f) for r in rows for f in r.get("faults", [])]
+    return [_fault_note(f) for r in rows for f in r["faults"]]
 
 
 def _fault_note(f: dict) -> str:

@@ -147,10 +147,10 @@ class RunResult:
                                   "ranks' max; train.aggregation_dtype sets their type)", default=0)
     layout_changes: list[dict] = _doc("elastic resumes (train.elastic): from and to layout, the step, and how many "
                                       "data streams were no longer trained from there on", default_factory=list)
-    fault: dict | None = _doc("the fault injected into this run (train.fault_step): the step and federation group "
-                              "it killed, when (UTC), the step the next attempt resumed from, the steps and tokens "
-                              "trained again, and seconds from the fault to that resume (null: none struck)",
-                              default=None)
+    fault: dict | None = _doc("the fault injected into this run (train.fault_step): its kind, step, federation group "
+                              "and time (UTC), a slow one's speed; after a kill, the step the next attempt resumed "
+                              "from, the steps and tokens trained again and the seconds from the fault to that "
+                              "resume (null: none struck)", default=None)
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
                                          "behind training or not, timed where the exchange ran: device events on its "
                                          "stream on GPU, on CPU from launch to the first step end (or landing) "

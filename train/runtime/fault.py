@@ -48,7 +48,9 @@ class Fault:
         return done == self.step
 
     def strike(self, out_dir: Path, rank: int) -> None:
-        """Record the fault, then kill this rank (its SLURM node set DOWN first) or start throttling it."""
+        """Record the fault, then kill this rank (its SLURM node set DOWN first) or start throttling it. Every rank of
+        the group does both, once per run: the record exists whichever rank dies first, and each node is set DOWN by
+        its own ranks (a rank knows only its own node)."""
         now = time.time()
         write_atomic(out_dir / MARK, json.dumps({
             "kind": self.kind, "step": self.step, "group": self.group, "time": now,
