@@ -8,8 +8,8 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from launcher import fault_tolerance, shrink
 from launcher import scheduler as schedulers
-from launcher import shrink
 from launcher.placement import allocate, gc_paused, memory, steptime, topology
 from launcher.placement import ranking as planner
 from launcher.placement.costmodel import Model, checkpoint_bytes, model_from_preset, predict
@@ -369,6 +369,7 @@ def make_plan(settings: Settings, runs: list[Run], manifest: dict) -> Plan:
     if settings.retry_shrink:
         shrink.check(runs)
     check_float8(settings, runs)
+    fault_tolerance.check(settings, runs)
     check_memory(settings, runs)
     topo, source, usable, planned, nodes = place_runs(settings, runs)
     predictor = Predictor(settings, topo)

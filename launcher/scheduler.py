@@ -178,7 +178,8 @@ class RanksExecutor(submitit.LocalExecutor):
         self.ranks = ranks
 
     def submit(self, job):
-        return super().submit(ForkedRanks(job, self.ranks, job.PRELOAD))
+        federation = job.federation() if hasattr(job, "federation") else None  # fault-tolerant groups
+        return super().submit(ForkedRanks(job, self.ranks, job.PRELOAD, federation))
 
 
 class Local(Scheduler):

@@ -22,7 +22,7 @@ import traceback
 from pathlib import Path
 
 import train.runtime.local_ranks
-from train.runtime.launch_env import free_port
+from train.contract.common import free_port
 
 # The forkserver starts once per pytest process, with the preload of whichever call starts it: every test passes
 # this one (forked children here, tests.support.run_ranks for gloo ranks).

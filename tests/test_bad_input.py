@@ -383,6 +383,19 @@ CASES = [
      "train.fault_step=6 must be below train.steps=6: the fault comes after that step", None),
     ("fault-group-outside-F", launcher("train.fault_step=2", "train.fault_group=2"),
      "train.fault_group=2 names no federation group of fsdp-F1-R1-S4: its groups are 0 to 0", None),
+    ("fault-tolerance-without-groups", launcher("train.fault_tolerance=groups"),
+     "train.fault_tolerance=groups makes each federation group a failure domain, but fsdp has one group that is the "
+     "whole run: use fl_fsdp or fl_hsdp", None),
+    ("quorum-min-above-F", launcher("sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups", "train.quorum_min=3"),
+     "train.quorum_min=3 is above F=2: no average could ever gather that many federation groups", None),
+    ("fault-tolerance-not-built-with", launcher("sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups",
+                                                "train.outer=diloco"),
+     "train.fault_tolerance=groups is built for FedAvg of fp32 parameters on FSDP or HSDP groups; not yet with "
+     "train.outer=diloco", None),
+    ("fault-tolerance-on-slurm", launcher("cluster=leonardo", "action=plan", "sweep=paper_table3",
+                                          "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups"),
+     "fl_fsdp-F128-R1-S4-A8: train.fault_tolerance=groups runs on cluster=local only so far (one process tree per "
+     "federation group); on SLURM (leonardo) use train.fault_tolerance=none", None),
     ("target-ppl-not-a-perplexity", launcher("train.target_ppl=0.5"),
      "train.target_ppl must be a perplexity > 1 or null, got 0.5", None),
     ("probe-file-missing", launcher("action=plan", "cluster.probe=/nonexistent/probe.json"),

@@ -17,12 +17,14 @@ import torch.distributed as dist
 
 from train import model as models
 from train import optim
-from train.contract.common import SpecError
+from train.contract.common import FedshardError, SpecError
 from train.contract.machine import describe as describe_machine
 from train.contract.result import RankRecord, RunResult, target_crossing
 from train.contract.spec import RunSpec
 from train.data import sources as data
 from train.federation.federated import FedAvg
+from train.federation.groups import GroupFedAvg
+from train.federation.lighthouse import wait_for_groups
 from train.federation.outer import DiLoCo, OuterStep
 from train.measure import energy, exposed, metrics, profiling
 from train.measure.compile_time import CompileClock
@@ -43,21 +45,31 @@ class Trainer:
     """One rank's view of a run. `restore()` then `step(i)` is what tests drive; `run()` is the whole thing."""
 
     def __init__(self, spec: RunSpec, rank: int, device: str, config=None, source=None, out_dir: Path | None = None,
-                 watchdog_tag: str | None = None, mesh=None):
+                 launched: launch_env.DistEnv | None = None, mesh=None):
         """Build this rank's part of the run; nothing is loaded or checked across ranks until `restore()`.
         Without `out_dir` (tests, benchmarks) no metrics file is written and no checkpoint is resumed; `mesh`:
-        one built already (train.job.dryrun builds it before fake tensors, which init_device_mesh cannot take)."""
+        one built already (train.job.dryrun builds it before fake tensors, which init_device_mesh cannot take);
+        `launched`: how this rank was started (train.loop.run): its job tag names the watchdog's files, its seat
+        the federation group that is its world (train.fault_tolerance=groups; `rank` is then its rank there)."""
         self.spec, self.rank, self.device, self.cfg = spec, rank, device, spec.train
         self.config = config or models.for_device(models.llama_config(spec.model), device, spec.train.precision)
         if device == "cuda":  # train.tf32: recorded in result.json
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = spec.train.tf32
         self.source = source or data.for_run(spec, self.config.vocab_size)
-        self.world, self.layout = spec.world_size, spec.layout
+        seat = launched.seat if launched is not None else None
+        self.world, self.layout, self.seat = spec.world_size, spec.layout, seat
+        run_rank = rank  # in the whole run's grid
+        if seat is not None:  # a federation group as its own world (train.federation.groups)
+            self.world, run_rank = self.layout.group_world, seat.group * self.layout.group_world + rank
+            mesh = meshes.build_group(device, self.layout)
         # whose batches, of how many
-        self.data_rank, self.data_world = self.layout.data_rank(rank), self.layout.dp_world
+        self.data_rank, self.data_world = self.layout.data_rank(run_rank), self.layout.dp_world
+        # who splits the evaluation: the run's data-parallel ranks, or one group's, which is its own world
+        self.eval_rank, self.eval_world = (self.data_rank, self.data_world) if seat is None else \
+            (self.layout.data_rank(rank), self.layout.dp_world // self.layout.F)
         self.rows, self.global_batch = data.rank_rows(spec, self.data_rank), data.global_batch(spec)
         self.mesh = mesh if mesh is not None else meshes.build(device, self.layout)
-        self.coord = self.layout.coords(rank)  # (f, r, s, p, t)
+        self.coord = self.layout.coords(run_rank)  # (f, r, s, p, t)
         whole = models.build(self.config, "meta")  # the whole model, every stage
         self.params = models.count_params(whole)
         self.model = self._build_model()
@@ -69,12 +81,15 @@ class Trainer:
         self.optimizer = optim.adamw(self.model.parameters(), self.cfg, fused=device == "cuda")
         self.schedule = optim.schedule(self.optimizer, self.cfg)
         self.state = checkpoint.TrainState(self.schedule)
-        self.checkpointer = checkpoint.Checkpointer(spec, rank)
+        # a group that is its own world keeps its own checkpoints, in its own folder
+        self.checkpointer = checkpoint.Checkpointer(spec, rank, out_dir / "checkpoints" if seat and out_dir else None)
         self.fedavg = None  # what runs every A steps: FedAvg, or DiLoCo (FedAvg and an outer step)
         if spec.federated:
             shared = {"average_optimizer_state": self.cfg.average_optimizer_state}
             c = self.cfg
-            if c.outer == "fedavg" and c.aggregation_dtype == "fp32" and not c.streamed:
+            if seat is not None:
+                self.fedavg = GroupFedAvg(self.model, self.optimizer, self.mesh, spec, seat, self.state)
+            elif c.outer == "fedavg" and c.aggregation_dtype == "fp32" and not c.streamed:
                 self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.layout.A, **shared)
             else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel
                 lr, momentum = (c.outer_lr, c.outer_momentum) if c.outer == "diloco" else (1, 0)
@@ -95,13 +110,14 @@ class Trainer:
         self._in_apart = False  # inside a _timed_apart section, whose clock already moves past a compilation
         self.compile_clock = CompileClock(self._compiled, self._compiling) if self.cfg.compile else None
         self.checkpoints = 0
-        self.fault = faults.Fault.armed(spec, rank, out_dir)  # train.fault_step: where it strikes this rank
+        self.run_dir = Path(spec.out_dir) if out_dir is not None else None  # a group's out_dir is inside it
+        self.fault = faults.Fault.armed(spec, run_rank, self.run_dir)  # train.fault_step: where it strikes
         self.profiler = profiling.StepProfiler(self.cfg.profile, self.cfg.steps, device)
         self.meter: energy.EnergyMeter | None = None  # this node's energy reader, on one rank per node (run())
         self.energy_skips_first = False  # the meter left this attempt's first step out (run's first attempt)
         self.watchdog = None
-        if watchdog_tag is not None:
-            self.watchdog = Watchdog(rank, self.world, out_dir, watchdog_tag, self.cfg.watchdog_s,
+        if launched is not None and out_dir is not None:
+            self.watchdog = Watchdog(rank, self.world, out_dir, launched.job_tag, self.cfg.watchdog_s,
                                      self.cfg.heartbeat_dir)
 
     def restore(self) -> None:
@@ -109,15 +125,41 @@ class Trainer:
         there is one, timed apart as checkpoint time; else, in a fresh federated run, check that the groups
         are aligned, initial contents included (only meaningful before training makes them differ)."""
         resume_from = self.checkpointer.latest() if self.out_dir is not None else None
+        if self.seat is not None:  # groups resume together, from a step they all hold; a restarted group heals
+            resume_from = self._common_checkpoint()
         if resume_from is not None:
             with self._timed_apart("checkpoint"):
                 self.checkpointer.load(resume_from, self.model, self.optimizer, self.state, self.fedavg)
             self.start_step = self.state.step
             self.log.resume(self.start_step)
             # Groups legitimately differ now: the guard re-checks layouts (not contents) before the next FedAvg.
-        elif self.fedavg is not None:
+        elif self.fedavg is not None and self.seat is None:
             self.fedavg.check_alignment(contents=True)
+        if self.seat is not None:
+            self._join()
         self.resumed_at = time.time()  # where an injected fault's cost ends (train.runtime.fault.record)
+
+    def _common_checkpoint(self) -> Path | None:
+        """A fresh start of every group (the job was lost whole) resumes from the newest step all groups hold."""
+        if self.seat.start or self.out_dir is None:
+            return None
+        return self.checkpointer.step_held_by_all([self.run_dir / f"group{g}" / "checkpoints"
+                                                   for g in range(self.layout.F)])
+
+    def _join(self) -> None:
+        """Enter the federation's quorum: a restarted group heals there from a live peer and goes on from its step;
+        a fresh run's groups first wait for each other (a quorum formed before a slow starter would make it heal)."""
+        if not self.seat.start and self.run_dir is not None:
+            if self.rank == 0:
+                wait_for_groups(self.run_dir, self.seat.group, self.layout.F, self.cfg.timeout_s)
+            dist.barrier()
+        self.fedavg.join()
+        if self.seat.start and not self.fedavg.heals:
+            raise FedshardError(f"federation group {self.seat.group} was started again (start {self.seat.start}) "
+                                f"but no group still training was ahead of it to heal from")
+        if self.fedavg.heals:
+            self.start_step = self.state.step
+            self.log.resume(self.start_step)
 
     def _build_model(self) -> torch.nn.Module:
         dp_mesh = meshes.data_parallel_mesh(self.mesh, self.spec.layout.strategy)
@@ -293,7 +335,7 @@ class Trainer:
                     self.checkpointer.save(self.model, self.optimizer, self.state, self.fedavg)
                 self.checkpoints += 1
             if self.fault is not None and self.fault.due(done):
-                self.fault.strike(self.out_dir, self.rank)
+                self.fault.strike(self.run_dir, self.rank)
             if stopping:
                 if self.watchdog is not None:
                     self.watchdog.close()  # waiting for the requeue is not a hang
@@ -316,7 +358,7 @@ class Trainer:
         self.guard.check("this evaluation")
         eval_set = self.source.eval_set(self.cfg.seq_len)
         n = eval_set.shape[0]
-        mine = eval_set[[(self.data_rank + j * self.data_world) % n for j in range(math.ceil(n / self.data_world))]]
+        mine = eval_set[[(self.eval_rank + j * self.eval_world) % n for j in range(math.ceil(n / self.eval_world))]]
         self.model.eval()
         dist.barrier()
         start = time.perf_counter()
@@ -443,12 +485,14 @@ class Trainer:
             data={**self.source.describe(), **self.source.seen(tokens)},
             ranks=[RankRecord(**r) for r in ranks], resumed_from_step=self.start_step,
             layout_changes=self.state.layout_changes,
-            fault=faults.record(self.out_dir, self.start_step, self.resumed_at, self.global_batch * cfg.seq_len),
+            fault=faults.record(self.run_dir, self.start_step, self.resumed_at, self.global_batch * cfg.seq_len),
             checkpoint_s=self.apart["checkpoint"], checkpoints=self.checkpoints, logging_s=self.apart["logging"],
             compile_s=self.apart["compile"], eval_history=history, eval_s=self.apart["eval"], target_ppl=cfg.target_ppl,
             time_to_target_s=reached[1] if reached else None, steps_to_target=reached[0] if reached else None,
             first_step_s=first["step_time"] if first else None, steady_step_s=steady[0] if steady else None,
-            steady_steps=steady[1] if steady else None, **measured)
+            steady_steps=steady[1] if steady else None,
+            groups=[{"group": self.seat.group, "start": self.seat.start, **self.fedavg.summary()}]
+            if self.seat else None, **measured)
 
 
 def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
@@ -456,13 +500,18 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     config = models.llama_config(spec.model)
     source = data.for_run(spec, config.vocab_size)
     env = launch_env.detect(environ)
+    seat = env.seat
     launch_env.expandable_segments(environ)  # before the first CUDA allocation
-    if env.world_size != spec.world_size:
+    if seat is not None:  # a federation group is its own world, its files in its own folder of the run's
+        if env.world_size != spec.layout.group_world:
+            raise SpecError(f"federation group {seat.group} of {spec.layout.name} has {spec.layout.group_world} "
+                            f"rank(s) but its world has {env.world_size} ({env.launcher})")
+    elif env.world_size != spec.world_size:
         names, sizes = ("F*R*S", spec.layout.shape[:3]) if spec.world_size == spec.layout.dp_world else \
             ("F*R*S*pp*tp", spec.layout.shape)
         raise SpecError(f"{names} = {'*'.join(map(str, sizes))} = {spec.world_size} but the launcher started "
                         f"{env.world_size} rank(s) ({env.launcher})")
-    out_dir = Path(spec.out_dir)
+    out_dir = Path(spec.out_dir) if seat is None else Path(spec.out_dir) / f"group{seat.group}"
     device = launch_env.pick_device(spec.device)
     if device == "cpu":
         launch_env.limit_cpu_threads(env)
@@ -471,16 +520,21 @@ def run(spec: RunSpec, environ=os.environ) -> RunResult | None:
     except OSError as exc:
         raise SpecError(f"out_dir {out_dir} cannot be created: {exc.strerror}") from None
     if env.rank == 0:  # a stale result must not make this attempt look finished
+        (Path(spec.out_dir) / "result.json").unlink(missing_ok=True)
         (out_dir / "result.json").unlink(missing_ok=True)
-        if checkpoint.Checkpointer(spec, env.rank).latest() is None:
+        # a restarted group keeps its earlier life's steps (train.federation.groups)
+        root = out_dir / "checkpoints" if seat else None
+        if checkpoint.Checkpointer(spec, env.rank, root).latest() is None and (seat is None or not seat.start):
             (out_dir / "metrics.jsonl").unlink(missing_ok=True)
             (out_dir / "evals.jsonl").unlink(missing_ok=True)
     backend = launch_env.init(env, device, spec.backend, out_dir, spec.train.timeout_s)
     try:
-        trainer = Trainer(spec, env.rank, device, config, source, out_dir, watchdog_tag=env.job_tag)
+        trainer = Trainer(spec, env.rank, device, config, source, out_dir, launched=env)
         launch_env.apply_timeout(spec.train.timeout_s)
         result = trainer.run(backend)
         trainer.watchdog.close()
+        if seat is not None:
+            trainer.fedavg.close()
     except BaseException:  # including submitit's exit after a requeue
         launch_env.forget_rendezvous(env, out_dir)
         dist.destroy_process_group()

@@ -211,6 +211,11 @@ def _fault_note(f: dict) -> str:
     if f["kind"] == "slow":
         return (f"† {f['run_id']}: federation group {f['group']} ran at {f['speed']:g} of its speed from step "
                 f"{f['step']} on (train.fault_kind=slow); its time and throughput include it.")
+    if "healed_step" in f:  # train.fault_tolerance=groups: the others went on, the group healed from them
+        return (f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); "
+                f"the other groups went on, and it was started again and healed from them at step "
+                f"{f['healed_step']}, {f['fault_to_heal_s']:.1f} s after the fault, {f['tokens_lost']} tokens lost "
+                f"(train.fault_tolerance=groups).")
     return (f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); the "
             f"next attempt resumed from step {f['resumed_from_step']}, {f['steps_retrained']} step(s) "
             f"({f['tokens_retrained']} tokens) trained again, {f['fault_to_resume_s']:.0f} s from the fault to the "

@@ -4,6 +4,7 @@ written to a temporary name beside the file, then renamed)."""
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,13 @@ def write_atomic(path: Path, text: str) -> None:
     """Write text via a temporary file and rename, so readers never see half a file."""
     with atomic(path) as tmp:
         tmp.write_text(text)
+
+
+def free_port() -> int:
+    """A port free on this host now (a rendezvous on one machine: local ranks, a federation group's world)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
 
 
 class FedshardError(Exception):

@@ -39,6 +39,7 @@ ON_NONFINITE = ("stop", "skip_step")  # what a NaN or inf loss or gradient does 
 PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.parallel.pipeline)
 CHECKPOINTING = ("none", "full", "selective")  # train.activation_checkpointing (train.parallel.checkpointing)
 FAULT_KINDS = ("kill", "slow")  # train.fault_kind (train.runtime.fault)
+FAULT_TOLERANCES = ("none", "groups")  # train.fault_tolerance (train.federation.groups)
 
 
 @dataclass
@@ -202,10 +203,25 @@ class Faults:
                              Limit("in (0, 1)", lambda v: 0 < v < 1))
 
 
+@dataclass
+class FaultTolerance:
+    """Federation groups as failure domains (issue 56): FL's groups train apart between averages, so a lost or late
+    group need not stop the others."""
+
+    fault_tolerance: str = key("none", "none: one lost rank ends the run | groups (FL+FSDP, FL+HSDP; cluster=local): "
+                                       "each federation group its own world and process tree, averaging through a "
+                                       "torchft quorum; a lost group is restarted and heals from a live peer "
+                                       "(train/federation/groups.py)", one_of(FAULT_TOLERANCES))
+    quorum_min: int = key(1, "fault_tolerance=groups: the fewest groups an average goes on with (1 to F)", POSITIVE)
+    grace_s: float = key(5.0, "fault_tolerance=groups: how long an average waits for a late group that is still "
+                              "alive before going on without it (the late group then heals from its peers)",
+                         ABOVE_ZERO)
+
+
 # Bases in reverse: a dataclass lists its bases' fields from the last base to the first.
 @dataclass
-class TrainConfig(Faults, Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterStep, Numerics, Optimizer,
-                  Batches):
+class TrainConfig(FaultTolerance, Faults, Timing, Evaluation, Checkpoints, Kernels, Parallelism, OuterStep, Numerics,
+                  Optimizer, Batches):
     """Optimisation and measurement settings of one run; defaults are the paper authors' (AdamW 0.9/0.95, wd 0.1,
     10 % warm-up, cosine)."""
 

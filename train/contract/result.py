@@ -231,6 +231,14 @@ class RunResult:
                                 "cores_usable, memory_bytes, kernel, load_avg (1, 5, 15 min), python, torch, fedshard, "
                                 "commit (fedshard's, -dirty when its work tree differed; null outside a checkout), "
                                 "gpu; null in results before 2026-12-07", default=None)
+    groups: list[dict] | None = _doc("train.fault_tolerance=groups: per federation group, its starts (1: never "
+                                     "lost), its losses (when, why, the step it healed at, seconds from the fault "
+                                     "to that heal, tokens lost), its heals, the averages it missed (short_rounds), "
+                                     "the tokens it trained and the tokens an average took in; null otherwise",
+                                     default=None)
+    goodput: float | None = _doc("train.fault_tolerance=groups: useful tokens (every group's steps that reached "
+                                 "the final model, less those lost to faults and missed averages) / (world_size x "
+                                 "train_time_s), per rank and second; null otherwise", default=None)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

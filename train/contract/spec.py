@@ -103,6 +103,8 @@ class RunSpec:
             for f in dataclasses.fields(OuterStep):
                 if f.name not in ("average_optimizer_state", "final_average"):
                     setattr(t, f.name, f.default)
+        if t.fault_tolerance == "groups":
+            self._check_groups()
         if t.fault_step and not t.fault_group < layout.F:
             raise SpecError(f"train.fault_group={t.fault_group} names no federation group of {layout.name}: "
                             f"its groups are 0 to {layout.F - 1}")
@@ -123,6 +125,25 @@ class RunSpec:
             raise SpecError(f"rank_order must be one of {', '.join(RANK_ORDERS)}, got {self.rank_order!r}")
         self.config = self.config or config_name(layout, self.axes)
         return self
+
+    def _check_groups(self) -> None:
+        """What train.fault_tolerance=groups needs: federation groups to fail over between, a quorum they can form,
+        and the parts built for it so far (FedAvg of fp32 parameters, one stage, no tensor parallelism, the same
+        layout on a resume)."""
+        layout, t = self.layout, self.train
+        if not self.federated:
+            raise SpecError(f"train.fault_tolerance=groups makes each federation group a failure domain, but "
+                            f"{layout.strategy} has one group that is the whole run: use fl_fsdp or fl_hsdp")
+        if t.quorum_min > layout.F:
+            raise SpecError(f"train.quorum_min={t.quorum_min} is above F={layout.F}: no average could ever gather "
+                            f"that many federation groups")
+        unbuilt = [f"train.{k}={getattr(t, k)}" for k, v in (("outer", "fedavg"), ("aggregation_dtype", "fp32"),
+                                                               ("outer_fragments", 1), ("outer_delay", 0),
+                                                               ("elastic", False)) if getattr(t, k) != v]
+        unbuilt += [f"train.{k}={n}" for k, n in (("pp", layout.P), ("tp", layout.T)) if n > 1]
+        if unbuilt:
+            raise SpecError(f"train.fault_tolerance=groups is built for FedAvg of fp32 parameters on FSDP or HSDP "
+                            f"groups; not yet with {', '.join(unbuilt)}")
 
     def _check_pipeline(self) -> None:
         """What the degrees ask of the train settings: microbatches that fill the pipeline and split its batch, a

@@ -24,6 +24,18 @@ class TrainJob:
         leave_when_the_task_ends()
         return result
 
+    def federation(self):
+        """train.fault_tolerance=groups: what the local job's supervisor starts each group with; else None."""
+        from train.federation.lighthouse import Federation
+
+        return Federation.of(RunSpec.load(self.spec_path))
+
+    def merge_groups(self, restarts: list[dict]) -> RunResult:
+        """A fault-tolerant run's result from its groups' (train.federation.accounting)."""
+        from train.federation.accounting import merge
+
+        return merge(RunSpec.load(self.spec_path), restarts)
+
     def checkpoint(self, *args, **kwargs):
         """submitit calls this when the job is preempted or reaches its time limit: requeue the same job,
         which resumes from the latest checkpoint in the run directory (train.checkpoint_every)."""

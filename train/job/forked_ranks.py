@@ -9,6 +9,12 @@ the parent's death, as a killed srun step takes its tasks). Once one rank fails 
 GRACE_S later, SIGKILL, as torchrun does; the task then fails with one line naming the rank and its last error
 line (so the launcher can tell a deterministic failure from one worth retrying). A rank that asks submitit for a
 requeue (pre-emption) makes the task exit with submitit's requeue status, and the controller starts it again.
+
+A fault-tolerant run (train.fault_tolerance=groups) is supervised by group instead: the task starts the torchft
+Lighthouse (train.federation.lighthouse), then each federation group's ranks as a world of their own (their own
+rendezvous port); when a rank fails, only its group's ranks are ended, and the group is started again while
+another group still trains, to heal from it (train.federation.groups). Once every group has ended well, the job
+merges their results (`job.merge_groups`).
 """
 from __future__ import annotations
 
@@ -23,9 +29,12 @@ import traceback
 from pathlib import Path
 
 from train.contract import submitit_compat
-from train.contract.common import FedshardError, atomic
+from train.contract.common import FedshardError, atomic, free_port
+from train.federation import lighthouse
+from train.federation.lighthouse import Federation
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks left once one failed (torchrun gives 30 s)
+RESTARTS = 3  # starts of a lost federation group after its first (train.fault_tolerance=groups)
 POLL_S = 0.05
 FORWARDED = (signal.SIGINT, signal.SIGTERM)  # and submitit's pre-emption signal
 PR_SET_PDEATHSIG = 1
@@ -39,8 +48,9 @@ class ForkedRanks:
     """Picklable for submitit's LocalExecutor (one task): `job()` on `ranks` processes forked after importing
     `preload`; returns rank 0's value."""
 
-    def __init__(self, job, ranks: int, preload: tuple[str, ...]):
+    def __init__(self, job, ranks: int, preload: tuple[str, ...], federation: Federation | None = None):
         self.job, self.ranks, self.preload = job, ranks, tuple(preload)
+        self.federation = federation  # fault-tolerant groups: supervised one group at a time
 
     def checkpoint(self, *args, **kwargs):
         """submitit's requeue on pre-emption: this same job again (its ranks resume from their checkpoint)."""
@@ -60,10 +70,16 @@ class ForkedRanks:
         sys.stdout.flush()
         sys.stderr.flush()
         parent = os.getpid()
+        if self.federation is not None:
+            try:
+                return self._supervise_groups(ranks, handlers, parent, folder, job_id)
+            finally:
+                for sig, handler in handlers.items():
+                    signal.signal(sig, handler)
         for rank in range(self.ranks):
             pid = os.fork()
             if pid == 0:
-                _be_rank(rank, self, handlers, parent, folder, job_id)  # never returns
+                _be_rank(rank, self, handlers, parent, folder, job_id, {})  # never returns
             ranks[pid] = rank
         codes = _wait(ranks)
         for sig, handler in handlers.items():
@@ -81,6 +97,71 @@ class ForkedRanks:
         for rank in range(self.ranks):
             _value_path(folder, job_id, rank).unlink(missing_ok=True)
         return value
+
+
+    def _supervise_groups(self, ranks: dict[int, int], handlers: dict, parent: int, folder: Path, job_id: str):
+        """Each federation group its own world, restarted when lost while another trains (module docstring)."""
+        F = self.federation.F
+        size = self.ranks // F
+        server, address = lighthouse.start(self.federation)
+        starts, restarts = [0] * F, []
+        ended: dict[int, dict[int, int]] = {g: {} for g in range(F)}  # group -> {rank: exit status}
+        kill_at: dict[int, float] = {}  # group -> when its ranks left get SIGKILL
+
+        def start(group: int) -> None:
+            port = free_port()
+            for local in range(size):
+                rank = group * size + local
+                pid = os.fork()
+                if pid == 0:
+                    _be_rank(rank, self, handlers, parent, folder, job_id, {
+                        "RANK": str(local), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local),
+                        "LOCAL_WORLD_SIZE": str(self.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                        "FEDSHARD_GROUP": str(group), "FEDSHARD_GROUP_START": str(starts[group]),
+                        "FEDSHARD_LIGHTHOUSE": address})
+                ranks[pid] = rank
+            ended[group] = {}
+
+        try:
+            for group in range(F):
+                start(group)
+            while any(len(ended[g]) < size or any(ended[g].values()) for g in range(F)):
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    for group, at in list(kill_at.items()):
+                        if time.monotonic() > at:
+                            _signal([p for p, r in ranks.items() if r // size == group], signal.SIGKILL)
+                            kill_at[group] = float("inf")
+                    time.sleep(POLL_S)
+                    continue
+                rank = ranks.pop(pid)
+                group, code = rank // size, os.waitstatus_to_exitcode(status)
+                ended[group][rank] = code
+                if code and group not in kill_at:
+                    kill_at[group] = time.monotonic() + GRACE_S
+                    _signal([p for p, r in ranks.items() if r // size == group], signal.SIGTERM)
+                if len(ended[group]) < size or not any(ended[group].values()):
+                    continue
+                kill_at.pop(group, None)
+                first = next(r for r, c in ended[group].items() if c)
+                why = f"rank {first} of {self.ranks} {_ended(ended[group][first])}: " \
+                      f"{_last_error(folder, job_id, first)}"
+                training = [g for g in range(F) if g != group and len(ended[g]) < size]
+                if not training or starts[group] >= RESTARTS:
+                    _signal(list(ranks), signal.SIGKILL)
+                    reason = "no other group trains to heal from" if not training else f"{RESTARTS} restarts used"
+                    raise RankError(f"federation group {group} lost ({reason}): {why}")
+                starts[group] += 1
+                restarts.append({"group": group, "start": starts[group], "at": time.time(), "why": why})
+                print(f"fedshard: federation group {group} lost ({why}); starting it again ({starts[group]} of "
+                      f"{RESTARTS}): it heals from a group still training", file=sys.stderr, flush=True)
+                start(group)
+        finally:
+            _signal(list(ranks), signal.SIGKILL)
+            lighthouse.stop(server)
+        for rank in range(self.ranks):
+            _value_path(folder, job_id, rank).unlink(missing_ok=True)
+        return self.job.merge_groups(restarts)
 
 
 def _value_path(folder: Path, job_id: str, rank: int) -> Path:
@@ -101,8 +182,10 @@ def _forward_signals_to(ranks: dict[int, int]) -> dict:
     return {sig: signal.signal(sig, forward) for sig in signals}
 
 
-def _be_rank(rank: int, forked: ForkedRanks, handlers: dict, parent: int, folder: Path, job_id: str) -> None:
-    """The forked child: rank `rank` of the job, as submitit's task `rank` would run it; ends the process."""
+def _be_rank(rank: int, forked: ForkedRanks, handlers: dict, parent: int, folder: Path, job_id: str,
+             environ: dict[str, str]) -> None:
+    """The forked child: rank `rank` of the job, as submitit's task `rank` would run it, with `environ` added (a
+    federation group's own world); ends the process."""
     code = 1
     try:
         for sig, handler in handlers.items():
@@ -117,7 +200,7 @@ def _be_rank(rank: int, forked: ForkedRanks, handlers: dict, parent: int, folder
                 os.dup2(opened, fd)
                 os.close(opened)
         os.environ.update(SUBMITIT_LOCAL_GLOBALID=str(rank), SUBMITIT_LOCAL_LOCALID=str(rank),
-                          SUBMITIT_LOCAL_NTASKS=str(forked.ranks))
+                          SUBMITIT_LOCAL_NTASKS=str(forked.ranks), **environ)
         value = forked.job()
         with atomic(_value_path(folder, job_id, rank)) as tmp:
             tmp.write_bytes(pickle.dumps(value))

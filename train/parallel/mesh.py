@@ -15,6 +15,12 @@ def build(device_type: str, layout: Layout) -> DeviceMesh:
     return init_device_mesh(device_type, layout.shape, mesh_dim_names=NAMES)
 
 
+def build_group(device_type: str, layout: Layout) -> DeviceMesh:
+    """One federation group's mesh, for a group that is its own world (train.fault_tolerance=groups): the run's
+    dimensions with fed of size 1, so everything but the exchange across groups is built as in the whole run."""
+    return init_device_mesh(device_type, (1, *layout.shape[1:]), mesh_dim_names=NAMES)
+
+
 def data_parallel_mesh(mesh: DeviceMesh, strategy: str) -> DeviceMesh:
     """The mesh fully_shard uses: 1-D shard for FSDP-like, 2-D replicate x shard for HSDP-like."""
     dims = STRATEGIES[strategy].mesh_dims

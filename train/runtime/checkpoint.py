@@ -74,8 +74,9 @@ class Checkpointer:
     due, saving (keeping the newest `keep_checkpoints`) and loading. It is handed the objects it stores,
     never the Trainer, and needs from the spec only the layout, the schedule of checkpoints and FedAvg's."""
 
-    def __init__(self, spec: RunSpec, rank: int):
-        self.root = Path(spec.out_dir) / "checkpoints"
+    def __init__(self, spec: RunSpec, rank: int, root: Path | None = None):
+        """`root`: where a federation group that is its own world keeps its own (train.fault_tolerance=groups)."""
+        self.root = root or Path(spec.out_dir) / "checkpoints"
         self.layout = {k: getattr(spec.layout, k) for k in ("strategy", "F", "R", "S", "A")}
         self.identity = identity(spec.to_dict())  # what the run's result depends on: a resume must match it
         self.every, self.keep = spec.train.checkpoint_every, spec.train.keep_checkpoints
@@ -95,6 +96,14 @@ class Checkpointer:
         """The newest published checkpoint (unfinished `.tmp` writes are never returned)."""
         done = sorted(p for p in self.root.glob(f"{PREFIX}*") if (p / "meta.json").exists())
         return done[-1] if done else None
+
+    def step_held_by_all(self, roots: list[Path]) -> Path | None:
+        """This root's checkpoint of the newest step that every root in `roots` has published: where groups that
+        checkpoint apart resume together once every one was lost (a group that was down at a later checkpoint
+        lacks it). None: no step they all hold."""
+        held = [{p.name for p in root.glob(f"{PREFIX}*") if (p / "meta.json").exists()} for root in roots]
+        common = sorted(set.intersection(*held)) if held else []
+        return self.root / common[-1] if common else None
 
     def due(self, steps_done: int, steps: int) -> bool:
         """Whether a periodic checkpoint is taken after `steps_done` of `steps` steps: every `every` steps, or

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from train.contract.common import FedshardError, write_atomic
+from train.contract.common import FedshardError, free_port, write_atomic
 
 
 @dataclass
@@ -29,10 +29,30 @@ class DistEnv:
     launcher: str  # torchrun | slurm | submitit-local | single
     job_tag: str  # distinguishes attempts of a job for the rendezvous file
     local_world: int = 1  # ranks sharing this host
+    seat: "Seat | None" = None  # train.fault_tolerance=groups: its federation group, which is its world
 
     @property
     def host(self) -> str:
         return socket.gethostname()
+
+
+@dataclass(frozen=True)
+class Seat:
+    """Where a rank of a fault-tolerant run sits (train.fault_tolerance=groups): its federation group, which is its
+    world, the Lighthouse the groups meet at, and which start of the group this is (0: the first; more: restarted
+    after a loss, train.job.forked_ranks)."""
+
+    group: int
+    lighthouse: str
+    start: int
+
+
+def seat(environ=os.environ) -> Seat | None:
+    """This rank's seat, as the local job's supervisor set it, or None outside a fault-tolerant run."""
+    if "FEDSHARD_GROUP" not in environ:
+        return None
+    return Seat(int(environ["FEDSHARD_GROUP"]), environ["FEDSHARD_LIGHTHOUSE"],
+                int(environ.get("FEDSHARD_GROUP_START", 0)))
 
 
 def detect(environ=os.environ) -> DistEnv:
@@ -44,6 +64,7 @@ def detect(environ=os.environ) -> DistEnv:
     env = _launcher_env(environ)
     if "FEDSHARD_RANK" in environ:
         env.rank = int(environ["FEDSHARD_RANK"])
+    env.seat = seat(environ)
     return env
 
 
@@ -63,12 +84,6 @@ def _launcher_env(environ) -> DistEnv:
                        int(environ.get("SLURM_LOCALID", 0)), "slurm", tag,
                        int(environ.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0]))
     return DistEnv(0, 1, 0, "single", f"single-{os.getpid()}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def rendezvous(env: DistEnv, run_dir: Path, timeout_s: float, environ=os.environ) -> tuple[str, int, str]:

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from train.contract.common import free_port
 from train.runtime.ending import leave_without_finalization
-from train.runtime.launch_env import free_port
 
 PRELOAD = ("train.loop",)  # imports torch, torch.distributed's FSDP2/DTensor/checkpoint and transformers' Llama
 

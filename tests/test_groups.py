@@ -1,0 +1,170 @@
+"""train.fault_tolerance=groups (issue 56): each federation group its own world, averaging through a torchft
+quorum; on cluster=local one job's supervisor restarts a lost group, which heals from a live peer while the others
+train on (train/federation: groups, lighthouse, accounting; train.job.forked_ranks)."""
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, children, clean_env, losses, run_ranks, uninterrupted_like, wait_for
+from train.contract.result import RunResult
+from train.contract.spec import RunSpec
+from train.federation import lighthouse
+from train.runtime.launch_env import DistEnv, Seat
+
+RUN = "fl_fsdp-F2-R1-S2-A2"
+pytestmark = pytest.mark.slow
+
+
+def _launch(tmp_path, *overrides):
+    """The smoke sweep's FL+FSDP run, (2,1,2) A = 2 on `tiny`, as fault-tolerant groups on cluster=local."""
+    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "sweep.strategies=[fl_fsdp]",
+                           "train.fault_tolerance=groups", *overrides, f"results_dir={tmp_path / 'results'}"],
+                          capture_output=True, text=True, cwd=ROOT, env=clean_env(slurm_client=False), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep = tmp_path / "results" / "local" / "smoke"
+    entry = json.loads((sweep / "manifest.jsonl").read_text())
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 1, entry  # no retry: the job itself went on
+    return sweep, sweep / RUN
+
+
+def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path):
+    _, run_dir = _launch(tmp_path, "sweep.train.steps=12")
+    reference = uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")  # the same spec in one world
+    group0, group1, one = losses(run_dir / "group0"), losses(run_dir / "group1"), losses(tmp_path / "reference")
+    assert [r[0::2] for r in group0] == [r[0::2] for r in group1] == [r[0::2] for r in one]  # steps, averages
+    for a, b, whole in zip(group0, group1, one):  # each group's loss is the mean over its own ranks
+        assert (a[1] + b[1]) / 2 == pytest.approx(whole[1], rel=1e-6)
+    result = RunResult.load(run_dir / "result.json")
+    assert result.eval_ppl == pytest.approx(reference.eval_ppl, rel=1e-6)
+    assert result.world_size == 4 and [r.rank for r in result.ranks] == [0, 1, 2, 3]
+    assert [(g["starts"], g["heals"], g["short_rounds"]) for g in result.groups] == [(1, [], [])] * 2
+    assert all(g["merged_tokens"] == g["trained_tokens"] == result.tokens // 2 for g in result.groups)
+
+
+def test_a_lost_group_heals_from_its_peer_while_the_other_trains_on(tmp_path):
+    sweep, run_dir = _launch(tmp_path, "sweep.train.steps=40", "train.fault_step=9", "train.fault_group=1")
+    result = RunResult.load(run_dir / "result.json")
+    group0, group1 = result.groups
+    per_step = result.tokens // result.steps // 2  # one group's tokens per step
+    assert group0["starts"] == 1 and group0["losses"] == [] and group0["merged_tokens"] == 40 * per_step
+    assert group1["starts"] == 2 and "killed after step 9" in group1["losses"][0]["why"]
+    loss = group1["losses"][0]
+    # lost after step 9: its steps 9 and 10 never reach an average; it heals at the peer's step-10 average
+    assert (loss["fault_step"], loss["healed_step"], loss["tokens_lost"]) == (9, 10, 2 * per_step)
+    assert 0 < loss["fault_to_heal_s"] < 60
+    assert group1["merged_tokens"] == 38 * per_step and result.goodput > 0
+    assert result.fault["healed_step"] == 10
+    # the group that was never lost logged every step, none of them waiting past the grace window
+    rows = [json.loads(line) for line in (run_dir / "group0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    spec = RunSpec.load(run_dir / "spec.json")
+    gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    assert max(gaps) < spec.train.grace_s + statistics.median(gaps), gaps
+    # the healed group went on from step 10 with its peer's state: its own log holds its first life up to the fault
+    # (as flushed) and every step from 11
+    steps1 = [r[0] for r in losses(run_dir / "group1")]
+    assert steps1[-30:] == list(range(11, 41)) and max((s for s in steps1 if s <= 10), default=0) <= 9
+    assert result.eval_ppl < result.baseline_ppl
+    table = (sweep / "table3.md").read_text()
+    assert f"† {RUN}: federation group 1 killed after step 9" in table and "healed from them at step 10" in table
+
+
+# ---- healing, bit for bit: two groups driven step by step in one test process
+
+STEPS = 8
+SPEC = {"strategy": "fl_fsdp", "F": 2, "R": 1, "S": 2, "A": 2, "out_dir": "/nonexistent", "model": {"preset": "tiny"},
+        "train": {"steps": STEPS, "seq_len": 16, "lr": 1e-3, "fault_tolerance": "groups"}}
+
+
+def _digest(trainer) -> list:
+    """This rank's step, parameters and AdamW moments (summed per tensor): what healing must copy exactly."""
+    import torch
+
+    from train.parallel.parallelize import local
+    params = list(trainer.model.parameters())
+    moments = [float(local(v).sum()) for p in params for k, v in sorted(trainer.optimizer.state[p].items())
+               if torch.is_tensor(v)]
+    return [trainer.state.step, trainer.state.tokens, [float(local(p).detach().sum()) for p in params], moments]
+
+
+def _trainer(spec, rank, group, address, start):
+    from train.loop import Trainer
+
+    out_dir = Path(spec.out_dir) / f"group{group}"
+    return Trainer(spec, rank, "cpu", out_dir=out_dir, launched=DistEnv(rank, 2, rank, "test", "test",
+                                                                        seat=Seat(group, address, start)))
+
+
+def _group_rank(rank, world, group, address, restart_after, run_dir):
+    """Train to STEPS; after `restart_after` steps group 1 drops its trainer and starts a fresh one (a group restarted
+    from nothing), which heals as it joins. Returns (step, digest) after each average."""
+    spec = RunSpec.from_dict({**SPEC, "out_dir": run_dir})
+    seen, trainer = [], _trainer(spec, rank, group, address, 0)
+    trainer.restore()
+    while trainer.state.step < STEPS:
+        trainer.step(trainer.state.step)
+        if trainer.state.step % 2 == 0:
+            seen.append(_digest(trainer))
+        if group == 1 and trainer.state.step == restart_after:
+            trainer.fedavg.close()
+            trainer.watchdog.close()
+            trainer = _trainer(spec, rank, group, address, 1)
+            trainer.restore()
+            seen.append(["healed", *_digest(trainer)])
+            restart_after = None
+    trainer.fedavg.close()
+    trainer.watchdog.close()
+    return seen
+
+
+def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path):
+    server, address = lighthouse.start(lighthouse.Federation(2, 1, 5.0))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, address, 4, str(tmp_path)), range(2)))
+    finally:
+        lighthouse.stop(server)
+    for rank in range(2):
+        peer = {d[0]: d for d in got[0][rank]}
+        healed = next(d[1:] for d in got[1][rank] if d[0] == "healed")
+        # joined at the peer's next average (step 6, or 8 if it came after the peer stopped waiting for it), and took
+        # part in it with weight 0: step, tokens, parameters and moments are the peer's after that average
+        assert healed[0] > 4 and healed == peer[healed[0]], (healed, peer.get(healed[0]))
+
+
+def test_a_job_that_loses_every_group_resumes_them_from_the_step_they_all_checkpointed(tmp_path):
+    """The whole job lost (its one task killed: every group's ranks and the Lighthouse go with it): the retry starts
+    every group afresh from the newest step all of them checkpointed, and trains the one-world run's losses."""
+    launcher = subprocess.Popen([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny",
+                                 "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups", "sweep.train.steps=40",
+                                 "train.checkpoint_every=8", "retries=1", f"results_dir={tmp_path / 'results'}"],
+                                cwd=ROOT, env=clean_env(slurm_client=False), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    sweep = tmp_path / "results" / "local" / "smoke"
+    run_dir, manifest = sweep / RUN, sweep / "manifest.jsonl"
+    held = [run_dir / f"group{g}" / "checkpoints" / "step-000016" / "meta.json" for g in range(2)]
+    wait_for(lambda: all(p.exists() for p in held) and manifest.exists(), "both groups' step-16 checkpoints",
+             alive=lambda: launcher.poll() is None)
+    job_pid = int(json.loads(manifest.read_text())["job_id"])  # the local executor's job id is its pid
+    (task,) = children(job_pid)
+    os.kill(task, signal.SIGKILL)
+    out, err = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    assert "retrying 1 failed run(s)" in out
+    entry = json.loads(manifest.read_text())
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 2, entry
+    result = RunResult.load(run_dir / "result.json")
+    assert result.resumed_from_step >= 16 and result.resumed_from_step % 8 == 0
+    assert [g["starts"] for g in result.groups] == [1, 1]  # each group's last life: the retry's
+    uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")
+    group0, group1, one = losses(run_dir / "group0"), losses(run_dir / "group1"), losses(tmp_path / "reference")
+    assert [r[0] for r in group0] == [r[0] for r in group1] == [r[0] for r in one] == list(range(1, 41))
+    for a, b, whole in zip(group0, group1, one):
+        assert (a[1] + b[1]) / 2 == pytest.approx(whole[1], rel=1e-6)

@@ -1,0 +1,158 @@
+"""FedAvg over the federation groups a torchft quorum holds (train.fault_tolerance=groups, issue 56): each group is
+its own world of R x S ranks, so a lost group ends only its own process tree, and the others go on averaging among
+themselves.
+
+Every A steps each rank asks the Lighthouse for a quorum (train.federation.lighthouse). The quorum forms once
+train.quorum_min groups have asked and either every live group has, or train.grace_s has passed: a dead group stops
+heart-beating and is left out within a few seconds, a late one after the grace window. A group that is behind the
+quorum's step (restarted after a loss, or late) heals there: torchft copies a live peer's parameters, AdamW moments
+and train state (step, tokens, LR schedule, RNG) into it, so it goes on exactly where its peer stands, and its own
+work since the last average is dropped. Healing rather than merging a late update with a staleness weight: the
+late group's update is A steps stale by construction, and torchft's recovery gives the exact state a fault-free
+group would hold, which the tests can check bit for bit.
+
+Each rank then averages its local shards with the same shard of the other groups in the quorum (the same rank of
+each group's world: the layouts are equal), weighted by the tokens each group trained since the last average (a
+group that just healed holds a copy and weighs 0), summed in fp32, and writes the average back only when every group
+commits (torchft's should_commit: no rank of any group failed in the exchange) and it is finite.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+from train.federation.federated import FedAvg
+from train.parallel.parallelize import local
+
+
+class GroupFedAvg(FedAvg):
+    """FedAvg through torchft's quorum; `join()` at the start heals a group that comes late or restarted."""
+
+    def __init__(self, model, optimizer, mesh, spec, seat, train_state):
+        """`seat` (train.runtime.launch_env.Seat): this rank's group and the Lighthouse; `train_state`: what a healing
+        group takes besides the model and optimizer (step, tokens, LR schedule, RNG)."""
+        L, t = spec.layout, spec.train
+        super().__init__(model, optimizer, mesh, L.A, t.average_optimizer_state)
+        self.groups = L.F  # in the run (this rank's mesh holds one: its own)
+        from torchft.manager import Manager
+        from torchft.process_group import ProcessGroupGloo
+
+        self.group, self.train_state = seat.group, train_state
+        self.tokens_per_step = L.R * L.S * t.batch_per_rank * t.seq_len  # this group's
+        self.trained_since = 0  # this group's own steps since it last averaged or healed
+        self.healed = False
+        self.trained_tokens = 0  # tokens this group trained in this process, kept or dropped
+        self.merged_tokens = 0  # of those, the ones an average took in
+        self.heals: list[dict] = []  # {step, at, dropped_tokens}: where this group took a peer's state
+        self.short_rounds: list[dict] = []  # {step, groups}: averages some group missed
+        wait, lighthouse = timedelta(seconds=t.timeout_s), seat.lighthouse
+        # where peers reach this group: loopback when the Lighthouse is (cluster=local), else this node's name
+        host = "127.0.0.1" if urlparse(lighthouse).hostname == "127.0.0.1" else socket.gethostname()
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=wait), load_state_dict=self._load, state_dict=self._state,
+            min_replica_size=t.quorum_min, use_async_quorum=False, rank=dist.get_rank(),
+            world_size=dist.get_world_size(), replica_id=f"group{seat.group}", lighthouse_addr=lighthouse, timeout=wait,
+            quorum_timeout=wait, init_sync=False, hostname=host, checkpoint_transport=_transport(host, wait))
+
+    def check_alignment(self, contents: bool) -> None:
+        """The groups live in separate worlds: they start from one seed, and `join()` heals one that does not."""
+        self.checked = True
+
+    def join(self) -> None:
+        """Enter the federation (collective across the quorum): a fresh run's groups agree on step 0, a restarted
+        or late group heals from a live peer at the others' next average and takes part in it."""
+        self.average()
+
+    def after_step(self, steps_done: int) -> bool:
+        self.trained_since += 1
+        self.trained_tokens += self.tokens_per_step
+        return super().after_step(steps_done)
+
+    def in_sync_after(self, steps_done: int) -> bool:
+        return self.due(steps_done)
+
+    def average(self) -> None:
+        start = self.clock.mark()
+        self.manager.start_quorum()  # heals this group here (self._load) when it is behind
+        own = 0 if self.healed else self.trained_since
+        step = self.train_state.step
+        self.healed, self.trained_since = False, 0
+        groups = self.manager.num_participants()
+        total = torch.tensor([float(own)], dtype=torch.float64)
+        self.manager.allreduce(total, reduce_op=ReduceOp.SUM).wait()
+        self.event_bytes = 0
+        if total.item() > 0:
+            self._write_average(own / total.item())
+        if self.manager.should_commit():
+            self.merged_tokens += own * self.tokens_per_step
+            if groups < self.groups:
+                self.short_rounds.append({"step": step, "groups": groups})
+        self.clock.span(start, self.clock.mark())
+
+    def _write_average(self, weight: float) -> None:
+        """Every tensor <- the weighted sum over the quorum, in fp32, chunk by chunk; kept where not finite or not
+        committed (a group failed in the exchange: torchft's should_commit says so on every group)."""
+        results = []
+        with torch.no_grad():
+            for chunk in self._chunks(self.tensors()):
+                flat = torch.cat([t.reshape(-1).float() for t in chunk]).mul_(weight)
+                self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+                self.event_bytes += 2 * flat.numel() * flat.element_size()
+                results.append((chunk, flat))
+            if not self.manager.should_commit():
+                return
+            for chunk, flat in results:
+                finite = torch.isfinite(flat).all()
+                for t, value in zip(chunk, flat.split([t.numel() for t in chunk])):
+                    t.copy_(torch.where(finite, value.view_as(t).to(t.dtype), t))
+
+    def _state(self) -> dict:
+        """What a healing peer takes: this rank's shards, their AdamW moments and the train state."""
+        params = [p for _, p in self.named_params()]
+        moments = [{k: local(v).detach().clone() if torch.is_tensor(v) else v
+                    for k, v in self.optimizer.state.get(p, {}).items()} for p in params]
+        return {"params": [local(p).detach().clone() for p in params], "moments": moments,
+                "train": self.train_state.state_dict()}
+
+    def _load(self, state: dict) -> None:
+        with torch.no_grad():
+            for (_, p), value, moments in zip(self.named_params(), state["params"], state["moments"]):
+                local(p).copy_(value)
+                mine = self.optimizer.state[p]  # empty in a group restarted from nothing
+                for k, v in moments.items():
+                    if not torch.is_tensor(v):
+                        mine[k] = v
+                        continue
+                    if k not in mine:  # a moment is laid out as its parameter (a DTensor shard); a step is a scalar
+                        mine[k] = torch.zeros_like(p) if v.dim() else v.clone()
+                    local(mine[k]).copy_(v)
+        dropped = self.trained_since * self.tokens_per_step  # this group's steps since its last average
+        self.train_state.load_state_dict(state["train"])
+        self.healed = True
+        self.heals.append({"step": self.train_state.step, "at": time.time(), "dropped_tokens": dropped})
+
+    def summary(self) -> dict:
+        """This group's part of result.json's `groups` (this process's life: a restarted group writes another)."""
+        return {"trained_tokens": self.trained_tokens, "merged_tokens": self.merged_tokens, "heals": self.heals,
+                "short_rounds": self.short_rounds}
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)
+
+
+def _transport(host: str, timeout: timedelta):
+    """torchft's HTTP transport of a healing peer's state, advertised at `host` (torchft's own names the machine's
+    hostname, which need not be loopback)."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class HostTransport(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return HostTransport(timeout=timeout, num_chunks=0)
