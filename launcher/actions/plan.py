@@ -8,6 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from launcher import fault_tolerance
 from launcher import scheduler as schedulers
 from launcher.actions import dryrun
 from launcher.placement.memory import human_bytes
@@ -83,6 +84,7 @@ def lines(settings: Settings, runs: list[Run], made: Plan, scripts: list[Path]) 
         out.append(f"  nodes: {nodes['free']} with one node's share free ({gpus} GPUs, {cpus} CPUs)"
                    + (f"; excluded: {why}" if why else "") + (f"; {nodes['note']}" if nodes["note"] else ""))
     out += run_rows(entries)
+    out += fault_tolerance.priced(entries, runs, settings.cluster)
     out.append(f"  paper comm and less comm: the paper's formulas at nominal bandwidth; compute, comm, step, tokens/s "
                f"and faster: the step-time model ({'full' if settings.cluster.device == 'cuda' else 'no'} "
                f"compute/communication overlap) with {made.network}, compute {made.compute_sources}")

@@ -56,6 +56,10 @@ class Cluster:
     mem: str | int | None = None  # sbatch --mem per node, e.g. 480G; 0: all of it (null: the site's default)
     netns: str | None = None      # clients must run inside this network namespace (the testbed)
     network: dict | None = None   # the testbed's network description (slurm/testbed/testbed.py)
+    node_mtbf_h: float | None = None  # a node's mean time between failures, hours: the plan prices each run's
+                                      # expected goodput under faults (launcher.fault_tolerance; null: not priced)
+    restart_s: float = 300.0      # from a lost node to the job training again: requeue (SLURM waits cred_expire,
+                                  # 120 s by default), start, load; a restart's cost beyond the steps it trains again
 
     @property
     def rank_order(self) -> str:
@@ -72,6 +76,10 @@ class Cluster:
             typed(TestbedNetwork, self.network, "cluster.network")
         if self.executor not in ("local", "slurm"):
             raise ConfigError(f"cluster.executor must be local or slurm, got {self.executor!r}")
+        if self.node_mtbf_h is not None and not (isinstance(self.node_mtbf_h, (int, float)) and self.node_mtbf_h > 0):
+            raise ConfigError(f"cluster.node_mtbf_h must be a number of hours > 0, or null, got {self.node_mtbf_h!r}")
+        if not (isinstance(self.restart_s, (int, float)) and self.restart_s >= 0):
+            raise ConfigError(f"cluster.restart_s must be a number of seconds >= 0, got {self.restart_s!r}")
         for key in ("nodes", "gpus_per_node", "time_min"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"cluster.{key} must be a positive integer, got {getattr(self, key)!r}")
