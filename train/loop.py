@@ -296,14 +296,15 @@ class Trainer:
             self.state.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.log.start = time.perf_counter() - self.state.train_time_s  # a resumed run's clock goes on
         stop_asked = False  # agreed by every rank; acted on at the next step with no streamed exchange in flight
-        for i in range(self.start_step, self.cfg.steps):
+        i = self.start_step
+        while i < self.cfg.steps:
             self.profiler.before(i)
             self.step(i)
             if i == 0:
                 self.state.first_step_compile_s = self.apart["compile"]
                 self._energy_after_the_first_step()
             self.profiler.after(i)
-            done = i + 1
+            done = self.state.step  # i + 1, or a live peer's step where a late group healed (train.federation.groups)
             if self.cfg.eval_every and done % self.cfg.eval_every == 0 and done < self.cfg.steps:
                 trained = time.perf_counter() - self.log.start  # before the evaluation, which is timed apart
                 with self._timed_apart("eval"):
@@ -340,6 +341,9 @@ class Trainer:
                 if self.watchdog is not None:
                     self.watchdog.close()  # waiting for the requeue is not a hang
                 stop.hand_over(done)
+            i = done
+        if self.seat is not None:
+            self.fedavg.finish()  # every group ends on the same model: a late one heals to it
         if self.fedavg is not None and self.cfg.final_average and not self.fedavg.in_sync_after(self.cfg.steps):
             self.guard.check("the final FedAvg")
             self.fedavg.average()  # evaluate the federation's model, not one group's

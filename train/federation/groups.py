@@ -50,6 +50,8 @@ class GroupFedAvg(FedAvg):
         self.trained_tokens = 0  # tokens this group trained in this process, kept or dropped
         self.merged_tokens = 0  # of those, the ones an average took in
         self.heals: list[dict] = []  # {step, at, dropped_tokens}: where this group took a peer's state
+        self.last_round = 0  # groups in the last average this group took part in
+        self.closing = False  # after the last step (finish): rounds that only wait for late groups
         self.short_rounds: list[dict] = []  # {step, groups}: averages some group missed
         wait, lighthouse = timedelta(seconds=t.timeout_s), seat.lighthouse
         # where peers reach this group: loopback when the Lighthouse is (cluster=local), else this node's name
@@ -77,13 +79,21 @@ class GroupFedAvg(FedAvg):
     def in_sync_after(self, steps_done: int) -> bool:
         return self.due(steps_done)
 
+    def finish(self) -> None:
+        """After the last step: join averages (weight 0: nothing is trained any more) until one holds every group,
+        so that a late group heals to the final model there instead of training on alone once the others have
+        left, and every group ends holding the same model."""
+        self.closing = True
+        while self.last_round < self.groups:
+            self.average()
+
     def average(self) -> None:
         start = self.clock.mark()
         self.manager.start_quorum()  # heals this group here (self._load) when it is behind
         own = 0 if self.healed else self.trained_since
         step = self.train_state.step
         self.healed, self.trained_since = False, 0
-        groups = self.manager.num_participants()
+        groups = self.last_round = self.manager.num_participants()
         total = torch.tensor([float(own)], dtype=torch.float64)
         self.manager.allreduce(total, reduce_op=ReduceOp.SUM).wait()
         self.event_bytes = 0
@@ -91,7 +101,7 @@ class GroupFedAvg(FedAvg):
             self._write_average(own / total.item())
         if self.manager.should_commit():
             self.merged_tokens += own * self.tokens_per_step
-            if groups < self.groups:
+            if groups < self.groups and not self.closing:
                 self.short_rounds.append({"step": step, "groups": groups})
         self.clock.span(start, self.clock.mark())
 
