@@ -19,7 +19,7 @@ from launcher import scheduler as schedulers
 from launcher.settings import Settings
 from launcher.sweep import Run
 from train.contract.common import ConfigError
-from train.federation.lighthouse import HEARTBEAT_MS
+from train.contract.config import HEARTBEAT_MS
 
 STATE_BYTES_PER_PARAM = 12  # what a healing group receives: fp32 parameters and AdamW's two fp32 moments
 

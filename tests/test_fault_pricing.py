@@ -8,7 +8,7 @@ import pytest
 
 from launcher.fault_tolerance import goodput, rejoin_cost_s, restart_cost_s
 from tests.support import ROOT, clean_env
-from train.federation.lighthouse import HEARTBEAT_MS
+from train.contract.config import HEARTBEAT_MS
 
 
 def test_the_formulas_on_numbers_worked_by_hand():

@@ -40,6 +40,7 @@ PP_SCHEDULES = ("gpipe", "1f1b")  # train.pp_schedule (train.parallel.pipeline)
 CHECKPOINTING = ("none", "full", "selective")  # train.activation_checkpointing (train.parallel.checkpointing)
 FAULT_KINDS = ("kill", "slow")  # train.fault_kind (train.runtime.fault)
 FAULT_TOLERANCES = ("none", "groups")  # train.fault_tolerance (train.federation.groups)
+HEARTBEAT_MS = 2000  # a fault-tolerant group silent this long is dead to the Lighthouse (train.federation.lighthouse)
 
 
 @dataclass

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.contract.common import FedshardError, write_atomic
+from train.contract.config import HEARTBEAT_MS  # a group silent this long is dead: the others stop waiting for it
 
-HEARTBEAT_MS = 2000  # a group silent this long is dead to the Lighthouse: the others stop waiting for it
 READY_S = 60.0  # for the Lighthouse process to import torchft and listen
 PR_SET_PDEATHSIG = 1
 READY = ".ready-group{}"  # in the run directory: a fresh group is ready to join the first quorum
