@@ -19,9 +19,14 @@ class Running:
 
 
 def last_step(run_dir: Path) -> tuple[int, float]:
-    """(step, elapsed_s) of the last complete line of <run_dir>/metrics.jsonl; (0, 0.0) when there is none."""
+    """(step, elapsed_s) of the last complete line of <run_dir>/metrics.jsonl, or while a run of fault-tolerant groups
+    trains (train.fault_tolerance=groups: the run's file is merged at the end) of its group 0's; (0, 0.0) when there is
+    none."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists() and (run_dir / "group0").is_dir():
+        path = run_dir / "group0" / "metrics.jsonl"
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as fh:
+        with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             fh.seek(max(0, fh.tell() - 4096))
             lines = fh.read().split(b"\n")[:-1]  # the last piece is an unfinished line (or empty)

@@ -57,24 +57,27 @@ def test_a_lost_group_heals_from_its_peer_while_the_other_trains_on(tmp_path):
     assert group0["starts"] == 1 and group0["losses"] == [] and group0["merged_tokens"] == 40 * per_step
     assert group1["starts"] == 2 and "killed after step 9" in group1["losses"][0]["why"]
     loss = group1["losses"][0]
-    # lost after step 9: its steps 9 and 10 never reach an average; it heals at the peer's step-10 average
-    assert (loss["fault_step"], loss["healed_step"], loss["tokens_lost"]) == (9, 10, 2 * per_step)
-    assert 0 < loss["fault_to_heal_s"] < 60
-    assert group1["merged_tokens"] == 38 * per_step and result.goodput > 0
-    assert result.fault["healed_step"] == 10
+    # lost after step 9: its steps since the step-8 average never reach one; it heals at the peer's next average it
+    # joins (step 10 when it is back within the 2 s the peer waits for the dead group, else a later one)
+    healed = loss["healed_step"]
+    assert loss["fault_step"] == 9 and healed % 2 == 0 and 10 <= healed < 40
+    assert loss["tokens_lost"] == (healed - 8) * per_step and 0 < loss["fault_to_heal_s"] < 60
+    assert group1["merged_tokens"] == (40 - (healed - 8)) * per_step and result.goodput > 0
+    assert result.fault["healed_step"] == healed
     # the group that was never lost logged every step, none of them waiting past the grace window
     rows = [json.loads(line) for line in (run_dir / "group0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))
     spec = RunSpec.load(run_dir / "spec.json")
     gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
     assert max(gaps) < spec.train.grace_s + statistics.median(gaps), gaps
-    # the healed group went on from step 10 with its peer's state: its own log holds its first life up to the fault
-    # (as flushed) and every step from 11
+    # the healed group went on from the step it healed at, with its peer's state: its own log holds its first life up
+    # to the fault (as flushed) and every step after the heal
     steps1 = [r[0] for r in losses(run_dir / "group1")]
-    assert steps1[-30:] == list(range(11, 41)) and max((s for s in steps1 if s <= 10), default=0) <= 9
+    assert steps1[-(40 - healed):] == list(range(healed + 1, 41))
+    assert max((s for s in steps1 if s <= healed), default=0) <= 9
     assert result.eval_ppl < result.baseline_ppl
     table = (sweep / "table3.md").read_text()
-    assert f"† {RUN}: federation group 1 killed after step 9" in table and "healed from them at step 10" in table
+    assert f"† {RUN}: federation group 1 killed after step 9" in table and f"healed from them at step {healed}" in table
 
 
 def test_a_slow_group_does_not_stall_the_others_and_ends_healed_to_their_model(tmp_path):
@@ -161,7 +164,7 @@ def test_a_job_that_loses_every_group_resumes_them_from_the_step_they_all_checkp
     """The whole job lost (its one task killed: every group's ranks and the Lighthouse go with it): the retry starts
     every group afresh from the newest step all of them checkpointed, and trains the one-world run's losses."""
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny",
-                                 "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups", "sweep.train.steps=40",
+                                 "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups", "sweep.train.steps=60",
                                  "train.checkpoint_every=8", "retries=1", f"results_dir={tmp_path / 'results'}"],
                                 cwd=ROOT, env=clean_env(slurm_client=False), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
@@ -183,6 +186,6 @@ def test_a_job_that_loses_every_group_resumes_them_from_the_step_they_all_checkp
     assert [g["starts"] for g in result.groups] == [1, 1]  # each group's last life: the retry's
     uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")
     group0, group1, one = losses(run_dir / "group0"), losses(run_dir / "group1"), losses(tmp_path / "reference")
-    assert [r[0] for r in group0] == [r[0] for r in group1] == [r[0] for r in one] == list(range(1, 41))
+    assert [r[0] for r in group0] == [r[0] for r in group1] == [r[0] for r in one] == list(range(1, 61))
     for a, b, whole in zip(group0, group1, one):
         assert (a[1] + b[1]) / 2 == pytest.approx(whole[1], rel=1e-6)

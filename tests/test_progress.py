@@ -15,6 +15,14 @@ def test_last_step_reads_the_last_complete_line(tmp_path):
     assert last_step(tmp_path) == (3, 1.5)  # the line being written is not read
 
 
+def test_last_step_of_fault_tolerant_groups_is_group_0s_until_the_run_merges_them(tmp_path):
+    (tmp_path / "group0").mkdir()
+    (tmp_path / "group0" / "metrics.jsonl").write_text(json.dumps({"step": 7, "elapsed_s": 2.0}) + "\n")
+    assert last_step(tmp_path) == (7, 2.0)
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 9, "elapsed_s": 3.0}) + "\n")
+    assert last_step(tmp_path) == (9, 3.0)
+
+
 def test_time_left_uses_each_runs_pace_and_the_mean_for_queued_runs():
     running = [Running("a", 10, 20.0, 40), Running("b", 5, 5.0, 10), Running("c", 0, 0.0, 10)]
     # a: 2 s/step x 30 left; b: 1 s/step x 5; c not started: mean pace 1.5 s/step x 10; queued: 1.5 x 20
