@@ -97,30 +97,32 @@ class GroupFedAvg(FedAvg):
         total = torch.tensor([float(own)], dtype=torch.float64)
         self.manager.allreduce(total, reduce_op=ReduceOp.SUM).wait()
         self.event_bytes = 0
-        if total.item() > 0:
-            self._write_average(own / total.item())
-        if self.manager.should_commit():
+        sums = self._weighted_sums(own / total.item()) if total.item() > 0 else []
+        if self.manager.should_commit():  # once per round: no rank of any group in the quorum failed in it
+            self._write_back(sums)
             self.merged_tokens += own * self.tokens_per_step
             if groups < self.groups and not self.closing:
                 self.short_rounds.append({"step": step, "groups": groups})
         self.clock.span(start, self.clock.mark())
 
-    def _write_average(self, weight: float) -> None:
-        """Every tensor <- the weighted sum over the quorum, in fp32, chunk by chunk; kept where not finite or not
-        committed (a group failed in the exchange: torchft's should_commit says so on every group)."""
-        results = []
-        with torch.no_grad():
-            for chunk in self._chunks(self.tensors()):
-                flat = torch.cat([t.reshape(-1).float() for t in chunk]).mul_(weight)
-                self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
-                self.event_bytes += 2 * flat.numel() * flat.element_size()
-                results.append((chunk, flat))
-            if not self.manager.should_commit():
-                return
-            for chunk, flat in results:
-                finite = torch.isfinite(flat).all()
-                for t, value in zip(chunk, flat.split([t.numel() for t in chunk])):
-                    t.copy_(torch.where(finite, value.view_as(t).to(t.dtype), t))
+    @torch.no_grad()
+    def _weighted_sums(self, weight: float) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+        """(tensors, the weighted sum of their values over the quorum in fp32), chunk by chunk."""
+        sums = []
+        for chunk in self._chunks(self.tensors()):
+            flat = torch.cat([t.reshape(-1).float() for t in chunk]).mul_(weight)
+            self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+            self.event_bytes += 2 * flat.numel() * flat.element_size()
+            sums.append((chunk, flat))
+        return sums
+
+    @torch.no_grad()
+    def _write_back(self, sums: list[tuple[list[torch.Tensor], torch.Tensor]]) -> None:
+        """Each tensor <- its average, where finite (a group's non-finite values would spread: each keeps its own)."""
+        for chunk, flat in sums:
+            finite = torch.isfinite(flat).all()
+            for t, value in zip(chunk, flat.split([t.numel() for t in chunk])):
+                t.copy_(torch.where(finite, value.view_as(t).to(t.dtype), t))
 
     def _state(self) -> dict:
         """What a healing peer takes: this rank's shards, their AdamW moments and the train state."""
