@@ -64,6 +64,8 @@ def test_a_lost_group_heals_from_its_peer_while_the_other_trains_on(tmp_path):
     assert loss["tokens_lost"] == (healed - 8) * per_step and 0 < loss["fault_to_heal_s"] < 60
     assert group1["merged_tokens"] == (40 - (healed - 8)) * per_step and result.goodput > 0
     assert result.fault["healed_step"] == healed
+    entry = json.loads((sweep / "manifest.jsonl").read_text())  # the manifest records each group's losses too
+    assert [(g["group"], g["starts"], g["losses"]) for g in entry["groups"]] == [(0, 1, []), (1, 2, group1["losses"])]
     # the group that was never lost logged every step, none of them waiting past the grace window
     rows = [json.loads(line) for line in (run_dir / "group0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))

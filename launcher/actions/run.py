@@ -124,9 +124,12 @@ class Sweeper:
                 del self.running[run_id]
                 result_path = self.settings.sweep_dir / run_id / "result.json"
                 if result_path.exists():
-                    self.store.record(run_id, state="COMPLETED")
-                    self.failed.pop(run_id, None)
                     result = RunResult.load(result_path)
+                    # fault-tolerant groups: each group's starts and losses, as result.json's groups has them
+                    losses = {"groups": [{k: g[k] for k in ("group", "starts", "losses", "late_heals")}
+                                         for g in result.groups]} if result.groups else {}
+                    self.store.record(run_id, state="COMPLETED", **losses)
+                    self.failed.pop(run_id, None)
                     if run_id in self.submitted_at and not result.resumed_from_step:
                         self.overheads.append(time.monotonic() - self.submitted_at[run_id] - result.train_time_s)
                     self._settle_live(run_id, result)
