@@ -1,19 +1,27 @@
-"""What a lost federation group costs, side by side on cluster=local (issue 56): fault-tolerant groups
-(train.fault_tolerance=groups: the others go on, the lost group heals from a peer) against today's path (the job
-fails, `retries=1` resumes every group from the last checkpoint), on the same fault, step and seeds.
+"""What a lost or slow federation group costs, side by side on cluster=local (issue 56): fault-tolerant groups
+(train.fault_tolerance=groups: the others go on, the lost or late group heals from a peer) against today's path, on
+the same fault, step and seeds.
 
-Four launcher commands, each sweep.repeats seeds of the smoke sweep's FL+FSDP run on `tiny` (A = 8, one group per
-node of 2 ranks):
-fault-free and killed, with and without fault tolerance; group 1 is killed after --fault-step. Per seed it prints the
+--kind kill (default): four launcher commands, each sweep.repeats seeds of the smoke sweep's FL+FSDP run on `tiny`
+(A = 8, one group per node of 2 ranks): fault-free and with group 1 killed after --fault-step, with and without fault
+tolerance; without it the job fails and `retries=1` resumes every group from the last checkpoint. Per seed: the
 training time, the time lost to the fault (training time over the fault-free run's of the same path and seed, plus
 the seconds from the fault to the resume where the run was resumed), the tokens lost or trained again, and the final
-eval loss (ln eval_ppl) against the fault-free run's. Run: python -m bench.fault_tolerance [--nodes 2] [--steps 80]
-[--fault-step 30] [--checkpoint-every 16] [--repeats 3] [--out DIR] [KEY=VALUE ...] (more launcher overrides, e.g.
-train=learn)
+eval loss (ln eval_ppl) against the fault-free run's.
+
+--kind slow: group 1 runs at --speed of its speed from --fault-step on, with fault-tolerant groups (the others wait
+--grace seconds for it at each average) and with today's synchronous FedAvg (every average waits for it). Per seed:
+the seconds a group that was not slowed (group 0) took to its last step against the unslowed run's (their ratio is
+its tokens/s over the unslowed run's), and the final eval loss against the unslowed run's.
+
+Run: python -m bench.fault_tolerance [--kind kill|slow] [--nodes 2] [--steps 80] [--fault-step 30]
+[--checkpoint-every 16] [--speed 0.5] [--grace 0.2] [--repeats 3] [--out DIR] [KEY=VALUE ...] (more launcher
+overrides, e.g. train=learn)
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import subprocess
@@ -26,8 +34,8 @@ from train.contract.result import RunResult
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sweep(out: Path, name: str, args, *overrides: str) -> list[RunResult]:
-    """One launcher command; the results of its repeats, in repeat order."""
+def sweep(out: Path, name: str, args, *overrides: str) -> list[Path]:
+    """One launcher command; the run directories of its repeats, in repeat order."""
     results_dir, run = out / name, f"fl_fsdp-F{args.nodes}-R1-S2-A8"
     cmd = [sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "sweep.strategies=[fl_fsdp]", "sweep.A=[8]",
            f"sweep.nodes=[{args.nodes}]", f"sweep.train.steps={args.steps}", f"sweep.repeats={args.repeats}",
@@ -35,8 +43,11 @@ def sweep(out: Path, name: str, args, *overrides: str) -> list[RunResult]:
     print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     runs = results_dir / "local" / "smoke"
-    return [RunResult.load(runs / (run if k == 1 else f"{run}-rep{k}") / "result.json")
-            for k in range(1, args.repeats + 1)]
+    return [runs / (run if k == 1 else f"{run}-rep{k}") for k in range(1, args.repeats + 1)]
+
+
+def result(run_dir: Path) -> RunResult:
+    return RunResult.load(run_dir / "result.json")
 
 
 def lost_s(killed: RunResult, free: RunResult) -> float:
@@ -46,28 +57,28 @@ def lost_s(killed: RunResult, free: RunResult) -> float:
     return killed.train_time_s - free.train_time_s + waited
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=2, help="virtual nodes of 2 ranks: F, one group per node")
-    parser.add_argument("--steps", type=int, default=80)
-    parser.add_argument("--fault-step", type=int, default=30)
-    parser.add_argument("--checkpoint-every", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary folder)")
-    parser.add_argument("overrides", nargs="*", help="more launcher overrides for every command (train=learn)")
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = args.out or Path(tmp)
-        fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
-        checkpoints = [f"train.checkpoint_every={args.checkpoint_every}", "retries=1"]
-        n, steps = args.repeats, args.steps
-        ft_free = sweep(out, "groups_free", args, "train.fault_tolerance=groups")
-        ft_kill = sweep(out, "groups_kill", args, "train.fault_tolerance=groups", *fault)
-        re_free = sweep(out, "restart_free", args, *checkpoints)
-        re_kill = sweep(out, "restart_kill", args, *checkpoints, *fault)
-    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)}, {steps} steps, group 1 killed after "
-          f"step {args.fault_step}; "
-          f"restart path: checkpoint every {args.checkpoint_every}, retries=1")
+def loss_change(run: RunResult, reference: RunResult) -> str:
+    a, b = math.log(run.eval_ppl), math.log(reference.eval_ppl)
+    return f"{a:.4f} | {b:.4f} | {100 * (a - b) / b:+.2f} %"
+
+
+def group0_s(run_dir: Path) -> float:
+    """Training seconds to the last step of group 0, never slowed: its own log in a fault-tolerant run (before the
+    closing averages that wait for a late group), the run's otherwise."""
+    path = run_dir / "group0" / "metrics.jsonl" if (run_dir / "group0").is_dir() else run_dir / "metrics.jsonl"
+    return json.loads(path.read_text().splitlines()[-1])["elapsed_s"]
+
+
+def kill(args, out: Path) -> None:
+    fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
+    checkpoints = [f"train.checkpoint_every={args.checkpoint_every}", "retries=1"]
+    n = args.repeats
+    ft_free, ft_kill = (list(map(result, sweep(out, name, args, "train.fault_tolerance=groups", *extra)))
+                        for name, extra in (("groups_free", []), ("groups_kill", fault)))
+    re_free, re_kill = (list(map(result, sweep(out, name, args, *checkpoints, *extra)))
+                        for name, extra in (("restart_free", []), ("restart_kill", fault)))
+    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)}, {args.steps} steps, group 1 killed "
+          f"after step {args.fault_step}; restart path: checkpoint every {args.checkpoint_every}, retries=1")
     print("| seed | path | train time (s) | fault-free (s) | time lost (s) | tokens lost or retrained | "
           "ln eval_ppl | fault-free | loss change |")
     print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|")
@@ -75,16 +86,51 @@ def main(argv: list[str] | None = None) -> None:
     for k in range(n):
         for path, killed, free in (("groups", ft_kill[k], ft_free[k]), ("restart", re_kill[k], re_free[k])):
             f = killed.fault or {}
-            tokens = f.get("tokens_lost", f.get("tokens_retrained"))
-            a, b = math.log(killed.eval_ppl), math.log(free.eval_ppl)
             lost[path].append(lost_s(killed, free))
             print(f"| {k + 1} | {path} | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost[path][-1]:.2f} | "
-                  f"{tokens} | {a:.4f} | {b:.4f} | {100 * (a - b) / b:+.2f} % |")
+                  f"{f.get('tokens_lost', f.get('tokens_retrained'))} | {loss_change(killed, free)} |")
     print(f"\nmedian time lost: groups {statistics.median(lost['groups']):.2f} s, restart from a checkpoint "
           f"{statistics.median(lost['restart']):.2f} s; goodput of the killed groups runs over their fault-free runs: "
           + ", ".join(f"{ft_kill[k].goodput / ft_free[k].goodput:.3f}" for k in range(n))
           + "; fault-free training time, groups over one world: "
           + ", ".join(f"{ft_free[k].train_time_s / re_free[k].train_time_s:.3f}" for k in range(n)))
+
+
+def slow(args, out: Path) -> None:
+    fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1", "train.fault_kind=slow",
+             f"train.fault_speed={args.speed}"]
+    groups = ["train.fault_tolerance=groups", f"train.grace_s={args.grace}"]
+    runs = {name: sweep(out, name, args, *extra) for name, extra in (
+        ("groups_unslowed", groups), ("groups_slowed", [*groups, *fault]), ("sync_unslowed", []),
+        ("sync_slowed", fault))}
+    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)}, {args.steps} steps, group 1 at "
+          f"{args.speed:g} of its speed from step {args.fault_step}; fault-tolerant groups wait {args.grace:g} s")
+    print("| seed | path | group 0 to its last step (s) | unslowed (s) | its tokens/s over unslowed | ln eval_ppl | "
+          "unslowed | loss change |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|")
+    for k in range(args.repeats):
+        for path in ("groups", "sync"):
+            slowed, unslowed = runs[f"{path}_slowed"][k], runs[f"{path}_unslowed"][k]
+            a, b = group0_s(slowed), group0_s(unslowed)
+            print(f"| {k + 1} | {path} | {a:.2f} | {b:.2f} | {b / a:.3f} | "
+                  f"{loss_change(result(slowed), result(unslowed))} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=("kill", "slow"), default="kill")
+    parser.add_argument("--nodes", type=int, default=2, help="virtual nodes of 2 ranks: F, one group per node")
+    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--fault-step", type=int, default=30)
+    parser.add_argument("--checkpoint-every", type=int, default=16)
+    parser.add_argument("--speed", type=float, default=0.5, help="--kind slow: the slowed group's share of its speed")
+    parser.add_argument("--grace", type=float, default=0.2, help="--kind slow: train.grace_s of the groups runs")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary folder)")
+    parser.add_argument("overrides", nargs="*", help="more launcher overrides for every command (train=learn)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        (kill if args.kind == "kill" else slow)(args, args.out or Path(tmp))
 
 
 if __name__ == "__main__":
