@@ -186,6 +186,7 @@ def test_a_job_that_loses_every_group_resumes_them_from_the_step_they_all_checkp
     result = RunResult.load(run_dir / "result.json")
     assert result.resumed_from_step >= 16 and result.resumed_from_step % 8 == 0
     assert [g["starts"] for g in result.groups] == [1, 1]  # each group's last life: the retry's
+    assert [g["heals"] for g in result.groups] == [[], []]  # both resumed from the checkpoint, neither healed
     uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")
     group0, group1, one = losses(run_dir / "group0"), losses(run_dir / "group1"), losses(tmp_path / "reference")
     assert [r[0] for r in group0] == [r[0] for r in group1] == [r[0] for r in one] == list(range(1, 61))

@@ -17,7 +17,7 @@ from pathlib import Path
 from train.contract.common import atomic
 from train.contract.result import RankRecord, RunResult
 from train.contract.spec import RunSpec
-from train.federation.lighthouse import READY
+from train.federation.lighthouse import clear_ready
 from train.runtime.fault import MARK
 
 
@@ -48,8 +48,7 @@ def merge(spec: RunSpec, restarts: list[dict]) -> RunResult:
         train_ppl=math.exp(sum(math.log(p.train_ppl) for p in parts) / len(parts)),  # each group's mean loss
         fault=_fault(fault, groups),
         groups=groups, goodput=useful / (L.world * train_time))
-    for g in range(L.F):
-        (run_dir / READY.format(g)).unlink(missing_ok=True)
+    clear_ready(spec)
     merged.save(run_dir / "result.json")
     return merged
 

@@ -37,6 +37,13 @@ def wait_for_groups(run_dir: Path, group: int, F: int, timeout_s: float) -> None
         time.sleep(0.05)
 
 
+def clear_ready(spec) -> None:
+    """Forget which groups were ready: a failed attempt's marks would let the next attempt's first quorum form
+    before every group has started (a late starter then heals: exact, but idle for up to A steps)."""
+    for g in range(spec.layout.F):
+        (Path(spec.out_dir) / READY.format(g)).unlink(missing_ok=True)
+
+
 @dataclass(frozen=True)
 class Federation:
     """What a fault-tolerant run's supervisor needs: how many groups, the quorum's floor and grace window."""

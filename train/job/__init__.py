@@ -30,6 +30,12 @@ class TrainJob:
 
         return Federation.of(RunSpec.load(self.spec_path))
 
+    def clear_groups(self) -> None:
+        """Before a fault-tolerant run's groups start: no group is ready yet (train.federation.lighthouse)."""
+        from train.federation.lighthouse import clear_ready
+
+        clear_ready(RunSpec.load(self.spec_path))
+
     def merge_groups(self, restarts: list[dict]) -> RunResult:
         """A fault-tolerant run's result from its groups' (train.federation.accounting)."""
         from train.federation.accounting import merge

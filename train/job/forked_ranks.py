@@ -123,6 +123,7 @@ class ForkedRanks:
             ended[group] = {}
 
         try:
+            self.job.clear_groups()  # a failed attempt's marks must not let this one's first quorum start early
             for group in range(F):
                 start(group)
             while any(len(ended[g]) < size or any(ended[g].values()) for g in range(F)):
