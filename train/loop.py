@@ -152,7 +152,7 @@ class Trainer:
         if not self.seat.start and self.run_dir is not None:
             if self.rank == 0:
                 wait_for_groups(self.run_dir, self.seat.group, self.layout.F, self.cfg.timeout_s)
-            dist.barrier()
+            dist.barrier()  # once, before the first step: the group's other ranks wait for its rank 0 to see all
         self.fedavg.join()
         if self.seat.start and not self.fedavg.heals:
             raise FedshardError(f"federation group {self.seat.group} was started again (start {self.seat.start}) "

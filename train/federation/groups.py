@@ -76,9 +76,6 @@ class GroupFedAvg(FedAvg):
         self.trained_tokens += self.tokens_per_step
         return super().after_step(steps_done)
 
-    def in_sync_after(self, steps_done: int) -> bool:
-        return self.due(steps_done)
-
     def finish(self) -> None:
         """After the last step: join averages (weight 0: nothing is trained any more) until one holds every group,
         so that a late group heals to the final model there instead of training on alone once the others have
@@ -96,8 +93,11 @@ class GroupFedAvg(FedAvg):
         groups = self.last_round = self.manager.num_participants()
         total = torch.tensor([float(own)], dtype=torch.float64)
         self.manager.allreduce(total, reduce_op=ReduceOp.SUM).wait()
+        # read on the host, once per average (a step that aggregates): whether anything was trained since the last
+        # one, and this group's weight in the sums
+        total = total.item()
         self.event_bytes = 0
-        sums = self._weighted_sums(own / total.item()) if total.item() > 0 else []
+        sums = self._weighted_sums(own / total) if total > 0 else []
         if self.manager.should_commit():  # once per round: no rank of any group in the quorum failed in it
             self._write_back(sums)
             self.merged_tokens += own * self.tokens_per_step
