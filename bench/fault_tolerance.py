@@ -14,9 +14,16 @@ eval loss (ln eval_ppl) against the fault-free run's.
 the seconds a group that was not slowed (group 0) took to its last step against the unslowed run's (their ratio is
 its tokens/s over the unslowed run's), and the final eval loss against the unslowed run's.
 
-Run: python -m bench.fault_tolerance [--kind kill|slow] [--nodes 2] [--steps 80] [--fault-step 30]
-[--checkpoint-every 16] [--speed 0.5] [--grace 0.2] [--repeats 3] [--out DIR] [KEY=VALUE ...] (more launcher
-overrides, e.g. train=learn)
+--cluster testbed: the same on the SLURM testbed (slurm/testbed/testbed.py up first; the launcher runs through its
+lab wrapper), each federation group a SLURM job of its own. A killed group's node goes DOWN; this bench plays the
+operator who repairs it, returning it to service --repair-s seconds later (repairs.json beside the sweeps says
+when). The restart path is today's SLURM path: retry_shrink=true, the run resumed from its checkpoint on the nodes
+left. Per seed it also says when the lost group healed after its node was back, and group 0's longest gap between
+two steps.
+
+Run: python -m bench.fault_tolerance [--kind kill|slow] [--cluster local|testbed] [--nodes 2] [--steps 80]
+[--fault-step 30] [--checkpoint-every 16] [--speed 0.5] [--grace 0.2] [--repair-s 10] [--repeats 3] [--out DIR]
+[KEY=VALUE ...] (more launcher overrides, e.g. train=learn)
 """
 from __future__ import annotations
 
@@ -27,23 +34,64 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+from datetime import datetime
 from pathlib import Path
 
+from train.contract.common import write_atomic
 from train.contract.result import RunResult
 
 ROOT = Path(__file__).resolve().parent.parent
+LAB = str(ROOT / "slurm" / "testbed" / "lab")
 
 
 def sweep(out: Path, name: str, args, *overrides: str) -> list[Path]:
-    """One launcher command; the run directories of its repeats, in repeat order."""
+    """One launcher command; the run directories of its repeats, in repeat order. On the testbed a killed group's
+    node is repaired while it runs (Repairs)."""
     results_dir, run = out / name, f"fl_fsdp-F{args.nodes}-R1-S2-A8"
-    cmd = [sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "sweep.strategies=[fl_fsdp]", "sweep.A=[8]",
-           f"sweep.nodes=[{args.nodes}]", f"sweep.train.steps={args.steps}", f"sweep.repeats={args.repeats}",
-           f"results_dir={results_dir}", *args.overrides, *overrides]
+    cmd = [sys.executable, "-m", "launcher", "sweep=smoke", f"cluster={args.cluster}", "model=tiny",
+           "sweep.strategies=[fl_fsdp]", "sweep.A=[8]", f"sweep.nodes=[{args.nodes}]",
+           f"sweep.train.steps={args.steps}", f"sweep.repeats={args.repeats}", f"results_dir={results_dir}",
+           *args.overrides, *overrides]
     print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    runs = results_dir / "local" / "smoke"
+    if args.cluster == "testbed":
+        with Repairs(results_dir / "repairs.json", args.repair_s):
+            subprocess.run([LAB, *cmd], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    else:
+        subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    runs = results_dir / args.cluster / "smoke"
     return [runs / (run if k == 1 else f"{run}-rep{k}") for k in range(1, args.repeats + 1)]
+
+
+class Repairs:
+    """The testbed's operator: a node an injected fault set DOWN (its reason names the fault) is returned to service
+    `repair_s` seconds after this thread first sees it down; every repair is written to `path` ({node, down_at,
+    back_at}, epoch seconds)."""
+
+    def __init__(self, path: Path, repair_s: float):
+        self.path, self.repair_s, self.done = path, repair_s, []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        write_atomic(self.path, json.dumps(self.done, indent=1))
+
+    def _watch(self) -> None:
+        while not self.stop.wait(0.2):
+            listed = subprocess.run([LAB, "sinfo", "-R", "-h", "-o", "%E|%N"], capture_output=True, text=True)
+            down = [line.split("|")[1] for line in listed.stdout.splitlines() if line.startswith("fedshard fault")]
+            for node in down:
+                seen = time.time()
+                time.sleep(self.repair_s)
+                subprocess.run([LAB, "scontrol", "update", f"nodename={node}", "state=resume"], check=True)
+                self.done.append({"node": node, "down_at": seen, "back_at": time.time()})
 
 
 def result(run_dir: Path) -> RunResult:
@@ -69,31 +117,68 @@ def group0_s(run_dir: Path) -> float:
     return json.loads(path.read_text().splitlines()[-1])["elapsed_s"]
 
 
+def useful_rate(run: RunResult, free: RunResult) -> float:
+    """Tokens that reached the final model per second of wall time, over the fault-free run's: the groups' goodput
+    ratio (their merged tokens over ranks x the longest group's time); for a restarted run its final tokens over its
+    training time plus the time the fault cost (lost_s)."""
+    if run.goodput is not None and free.goodput is not None:
+        return run.goodput / free.goodput
+    return run.tokens / (free.train_time_s + lost_s(run, free)) / (free.tokens / free.train_time_s)
+
+
+def longest_gap(run_dir: Path) -> tuple[float, float]:
+    """Group 0's longest wait between two logged steps, and its median one (a fault-tolerant run's own log)."""
+    path = run_dir / "group0" / "metrics.jsonl" if (run_dir / "group0").is_dir() else run_dir / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    return max(gaps), statistics.median(gaps)
+
+
+def healed_after_back(run: RunResult, repairs: list[dict]) -> float | None:
+    """Seconds from the killed group's node back in service (the repair after this run's fault) to its heal."""
+    heal = next((h for g in run.groups or [] for h in g["heals"] if g["starts"] > 1), None)
+    fault_at = run.fault and datetime.fromisoformat(run.fault["at"]).timestamp()
+    back = [r["back_at"] for r in repairs if fault_at and r["down_at"] >= fault_at - 1]
+    return heal["at"] - min(back) if heal and back else None
+
+
 def kill(args, out: Path) -> None:
     fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
-    checkpoints = [f"train.checkpoint_every={args.checkpoint_every}", "retries=1"]
+    checkpoints = [f"train.checkpoint_every={args.checkpoint_every}", "retries=1",
+                   *(["retry_shrink=true"] if args.cluster == "testbed" else [])]
     n = args.repeats
-    ft_free, ft_kill = (list(map(result, sweep(out, name, args, "train.fault_tolerance=groups", *extra)))
-                        for name, extra in (("groups_free", []), ("groups_kill", fault)))
+    free_dirs, kill_dirs = (sweep(out, name, args, "train.fault_tolerance=groups", *extra)
+                            for name, extra in (("groups_free", []), ("groups_kill", fault)))
+    ft_free, ft_kill = list(map(result, free_dirs)), list(map(result, kill_dirs))
     re_free, re_kill = (list(map(result, sweep(out, name, args, *checkpoints, *extra)))
                         for name, extra in (("restart_free", []), ("restart_kill", fault)))
-    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)}, {args.steps} steps, group 1 killed "
-          f"after step {args.fault_step}; restart path: checkpoint every {args.checkpoint_every}, retries=1")
-    print("| seed | path | train time (s) | fault-free (s) | time lost (s) | tokens lost or retrained | "
-          "ln eval_ppl | fault-free | loss change |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|")
+    repairs = json.loads((out / "groups_kill" / "repairs.json").read_text()) if args.cluster == "testbed" else []
+    restart = "retry_shrink=true, " if args.cluster == "testbed" else ""
+    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)} on cluster={args.cluster}, "
+          f"{args.steps} steps, group 1 killed after step {args.fault_step}; restart path: {restart}checkpoint every "
+          f"{args.checkpoint_every}, retries=1" + (f"; the node back {args.repair_s:g} s after it went DOWN"
+                                                   if args.cluster == "testbed" else ""))
+    print("| seed | path | train time (s) | fault-free (s) | time lost (s) | tokens lost or retrained | useful "
+          "tokens/s over fault-free | ln eval_ppl | fault-free | loss change | healed after node back (s) | "
+          "group 0's longest gap (s) | its median step (s) |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lost = {"groups": [], "restart": []}
     for k in range(n):
         for path, killed, free in (("groups", ft_kill[k], ft_free[k]), ("restart", re_kill[k], re_free[k])):
             f = killed.fault or {}
             lost[path].append(lost_s(killed, free))
+            healed = healed_after_back(killed, repairs) if path == "groups" else None
+            gap, median = longest_gap(kill_dirs[k]) if path == "groups" else (None, None)
             print(f"| {k + 1} | {path} | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost[path][-1]:.2f} | "
-                  f"{f.get('tokens_lost', f.get('tokens_retrained'))} | {loss_change(killed, free)} |")
+                  f"{f.get('tokens_lost', f.get('tokens_retrained'))} | {useful_rate(killed, free):.3f} | "
+                  f"{loss_change(killed, free)} | {_num(healed)} | {_num(gap)} | {_num(median)} |")
     print(f"\nmedian time lost: groups {statistics.median(lost['groups']):.2f} s, restart from a checkpoint "
-          f"{statistics.median(lost['restart']):.2f} s; goodput of the killed groups runs over their fault-free runs: "
-          + ", ".join(f"{ft_kill[k].goodput / ft_free[k].goodput:.3f}" for k in range(n))
-          + "; fault-free training time, groups over one world: "
+          f"{statistics.median(lost['restart']):.2f} s; fault-free training time, groups over one world: "
           + ", ".join(f"{ft_free[k].train_time_s / re_free[k].train_time_s:.3f}" for k in range(n)))
+
+
+def _num(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def slow(args, out: Path) -> None:
@@ -119,6 +204,9 @@ def slow(args, out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kind", choices=("kill", "slow"), default="kill")
+    parser.add_argument("--cluster", choices=("local", "testbed"), default="local")
+    parser.add_argument("--repair-s", type=float, default=10.0,
+                        help="--cluster testbed: seconds a killed group's node stays DOWN before it is repaired")
     parser.add_argument("--nodes", type=int, default=2, help="virtual nodes of 2 ranks: F, one group per node")
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--fault-step", type=int, default=30)

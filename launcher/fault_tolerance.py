@@ -25,13 +25,13 @@ STATE_BYTES_PER_PARAM = 12  # what a healing group receives: fp32 parameters and
 
 
 def check(settings: Settings, runs: list[Run]) -> None:
-    """Refuse, before anything is submitted, fault-tolerant groups where they are not built yet: on cluster=local
-    one job's supervisor restarts a lost group's process tree; a SLURM job per group is not written."""
+    """Refuse, before anything is submitted, fault-tolerant groups where they cannot run: on cluster=local one job's
+    supervisor restarts a lost group's process tree, on SLURM each group is a job of its own that SLURM places."""
     wanted = [run.run_id for run in runs if run.spec.train.fault_tolerance == "groups"]
-    if wanted and not schedulers.of(settings.cluster).runs_here:
-        raise ConfigError(f"{wanted[0]}: train.fault_tolerance=groups runs on cluster=local only so far (one process "
-                          f"tree per federation group); on SLURM ({settings.cluster.name}) use "
-                          f"train.fault_tolerance=none")
+    if wanted and settings.cluster.placement == "pinned" and not schedulers.of(settings.cluster).runs_here:
+        raise ConfigError(f"{wanted[0]}: train.fault_tolerance=groups submits a SLURM job per federation group, "
+                          f"placed by SLURM (under one switch when a group spans nodes); cluster.placement=pinned "
+                          f"orders one job's ranks with a hostfile: use cluster.placement=in_job")
     if wanted and importlib.util.find_spec("torchft") is None:
         raise ConfigError(f"{wanted[0]}: train.fault_tolerance=groups needs torchft (pip install 'fedshard[ft]')")
     if wanted and settings.cluster.preflight:

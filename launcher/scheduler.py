@@ -347,12 +347,13 @@ class Slurm(Scheduler):
         return False, state
 
     def live(self, jobs: dict[str, tuple[int, Path, str]]) -> dict[str, str]:
-        ids = {run_id: str(job_id) for run_id, (_, _, job_id) in jobs.items()}
-        states = self.poll(list(ids.values())) if ids else {}
-        return {run_id: states.get(job_id) or "ENDED" for run_id, job_id in ids.items()}
+        """A fault-tolerant run's groups (job ids joined by commas, launcher.actions.groups) run while any does."""
+        ids = {run_id: str(job_id).split(",") for run_id, (_, _, job_id) in jobs.items()}
+        states = self.poll([i for group in ids.values() for i in group]) if ids else {}
+        return {run_id: next((states[i] for i in group if states.get(i)), "ENDED") for run_id, group in ids.items()}
 
     def cancel(self, jobs: dict[str, tuple[int, Path, str]]) -> None:
-        ids = [str(job_id) for _, _, job_id in jobs.values()]
+        ids = [i for _, _, job_id in jobs.values() for i in str(job_id).split(",")]
         try:
             proc = subprocess.run(["scancel", *ids], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:

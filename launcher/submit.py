@@ -52,8 +52,34 @@ def slurm_parameters(cluster: Cluster, planned: PlannedRun) -> dict:
     return params
 
 
+def group_parameters(cluster, planned: PlannedRun, group: int, start: int, lighthouse: str) -> dict:
+    """sbatch parameters of group `group`'s job (its `start`-th submission): the group's nodes, asked under one switch
+    (or in one segment) when the run asked for its topology and the group spans nodes (its replicas' traffic stays
+    there), and its seat exported to every task."""
+    run, L = planned.run, planned.run.spec.layout
+    params = slurm_parameters(cluster, planned)
+    nodes = run.nodes // L.F
+    extra = params.pop("additional_parameters", {})
+    asked = {k for k in ("switches", "segment") if extra.pop(k, None) is not None}
+    if nodes > 1 and asked:
+        extra.update({"segment": nodes} if "segment" in asked else {"switches": f"1@{cluster.switches_wait_min:02d}:00"})
+    params.update(job_name=f"{run.run_id}-group{group}", nodes=nodes, additional_parameters={**extra,
+                  "no_requeue": True}, setup=[*params["setup"], f"export FEDSHARD_GROUP={group}",
+                                              f"export FEDSHARD_GROUP_START={start}",
+                                              f"export FEDSHARD_LIGHTHOUSE={lighthouse}"])
+    return params
+
+
 def sbatch_text(cluster: Cluster, planned: PlannedRun, folder: Path) -> str:
-    """The script submitit would submit for this run (shown by action=plan)."""
+    """The script submitit would submit for this run (shown by action=plan); for fault-tolerant groups, group 0's
+    job, one of F alike."""
+    if planned.run.spec.train.fault_tolerance == "groups":
+        F = planned.run.spec.layout.F
+        script = submitit_compat.sbatch_script(folder / "group0", group_parameters(cluster, planned, 0, 0,
+                                                                                   LIGHTHOUSE_SHOWN), cluster.python)
+        head, _, body = script.partition("\n")
+        return (f"{head}\n# train.fault_tolerance=groups: one job per federation group, {F} alike (FEDSHARD_GROUP "
+                f"0 to {F - 1}); the Lighthouse's address is known once the launcher starts it\n{body}")
     return submitit_compat.sbatch_script(folder, slurm_parameters(cluster, planned), cluster.python)
 
 
@@ -80,6 +106,9 @@ def running_shape(cluster: Cluster, built: Path) -> None:
                           f"({running.get('cluster')}: {', '.join(f'{k}={running.get(k)}' for k in keys)}): "
                           f"bring the testbed up with `python slurm/testbed/testbed.py up --cluster "
                           f"{cluster.name}` after `down`, or run with cluster={running.get('cluster')}")
+
+
+LIGHTHOUSE_SHOWN = "http://LIGHTHOUSE_HOST:PORT"  # in the plan's script: the address exists once the launcher runs
 
 
 def task_lines(job, prefix: str, stream: str = "stdout") -> list[str]:

@@ -392,10 +392,12 @@ CASES = [
                                                 "train.outer=diloco"),
      "train.fault_tolerance=groups is built for FedAvg of fp32 parameters on FSDP or HSDP groups; not yet with "
      "train.outer=diloco", None),
-    ("fault-tolerance-on-slurm", launcher("cluster=leonardo", "action=plan", "sweep=paper_table3",
-                                          "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups"),
-     "fl_fsdp-F128-R1-S4-A8: train.fault_tolerance=groups runs on cluster=local only so far (one process tree per "
-     "federation group); on SLURM (leonardo) use train.fault_tolerance=none", None),
+    ("fault-tolerance-pinned", launcher("cluster=leonardo", "action=plan", "sweep=paper_table3",
+                                        "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups",
+                                        "cluster.placement=pinned"),
+     "fl_fsdp-F128-R1-S4-A8: train.fault_tolerance=groups submits a SLURM job per federation group, placed by SLURM "
+     "(under one switch when a group spans nodes); cluster.placement=pinned orders one job's ranks with a hostfile: "
+     "use cluster.placement=in_job", None),
     ("target-ppl-not-a-perplexity", launcher("train.target_ppl=0.5"),
      "train.target_ppl must be a perplexity > 1 or null, got 0.5", None),
     ("probe-file-missing", launcher("action=plan", "cluster.probe=/nonexistent/probe.json"),

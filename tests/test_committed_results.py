@@ -13,17 +13,16 @@ from tests import forked
 from tests.study_data import RESULTS, table3
 from tests.support import ROOT, clean_env
 
-# each committed sweep directory (under results/), named by the command that made it: its command.txt
-COMMITTED = sorted(str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/command.txt"))
+# each committed sweep directory (under results/: <cluster>/<sweep>, or deeper inside a study's folder, as
+# results_dir=results/testbed/fault_tolerance/<path> puts it), named by the command that made it: its command.txt
+COMMITTED = sorted(str(p.parent.relative_to(RESULTS)) for p in RESULTS.rglob("manifest.jsonl"))
 REBUILT = ("table3.csv", "table4.csv", "prediction.csv", "placement.csv", "scaling.csv")
 
 
 def test_every_committed_sweep_records_the_command_that_made_it():
-    found = {str(p.parent.relative_to(RESULTS)) for p in RESULTS.glob("*/*/manifest.jsonl")}
-    assert found == set(COMMITTED)
     for where in COMMITTED:
         [line] = (RESULTS / where / "command.txt").read_text().splitlines()
-        name = where.split("/")[1]
+        name = where.split("/")[-1]
         assert line.startswith("python -m launcher "), where
         assert f"sweep.name={name}" in line.split() or f"sweep={name}" in line.split(), where
 

@@ -43,3 +43,20 @@ def test_the_plan_prints_each_runs_goodput_on_leonardo_at_a_stated_mtbf(tmp_path
     assert rows["fsdp-F1-R1-S512"].group(3) is None  # one group: nothing to fail over to
     for run in ("fl_fsdp-F128-R1-S4-A8", "fl_hsdp-F16-R8-S4-A8"):
         assert float(rows[run].group(3)) > float(rows[run].group(2))
+
+
+def test_the_plan_shows_a_fault_tolerant_runs_job_for_one_federation_group(tmp_path):
+    """On SLURM each group of a fault-tolerant run is a job of its own (launcher.actions.groups): the plan's script is
+    group 0's, on the group's nodes, not requeued by SLURM (the launcher submits a lost group again), its seat
+    exported to every task, and under one switch when the run asks for its topology and the group spans nodes."""
+    proc = subprocess.run([sys.executable, "-m", "launcher", "sweep=paper_table3", "cluster=leonardo", "action=plan",
+                           "sweep.strategies=[fl_hsdp]", "train.fault_tolerance=groups", "+cluster.sbatch_extra."
+                           "switches=4@05:00", f"results_dir={tmp_path}"], capture_output=True, text=True, cwd=ROOT,
+                          env=clean_env(slurm_client=False), timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    script = (tmp_path / "leonardo" / "paper_table3" / "scripts" / "fl_hsdp-F16-R8-S4-A8.sbatch").read_text()
+    assert "one job per federation group, 16 alike (FEDSHARD_GROUP 0 to 15)" in script
+    for line in ("#SBATCH --job-name=fl_hsdp-F16-R8-S4-A8-group0", "#SBATCH --nodes=8", "#SBATCH --no-requeue",
+                 "#SBATCH --switches=1@05:00", "export FEDSHARD_GROUP=0", "export FEDSHARD_GROUP_START=0",
+                 "export FEDSHARD_LIGHTHOUSE=http://LIGHTHOUSE_HOST:PORT"):
+        assert line in script.splitlines(), (line, script)

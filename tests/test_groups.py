@@ -148,12 +148,12 @@ def _group_rank(rank, world, group, address, restart_after, run_dir):
 
 
 def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path):
-    server, address = lighthouse.start(lighthouse.Federation(2, 1, 5.0))
+    server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
     try:
         with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, address, 4, str(tmp_path)), range(2)))
+            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, server.address, 4, str(tmp_path)), range(2)))
     finally:
-        lighthouse.stop(server)
+        server.stop()
     for rank in range(2):
         peer = {d[0]: d for d in got[0][rank]}
         healed = next(d[1:] for d in got[1][rank] if d[0] == "healed")

@@ -366,6 +366,59 @@ def test_a_node_lost_mid_run_shrinks_the_federation_and_the_loss_curve_goes_on(t
     assert "(4,1,2) → (3,1,2)*" in (sweep / "table3.md").read_text() and "lost node(s) tb4" in out
 
 
+FT_RUN = "fl_fsdp-F4-R1-S2-A2"
+
+
+def _fault_downed(step: int) -> list[str]:
+    """The nodes an injected fault after `step` set DOWN (train.runtime.fault)."""
+    return [line.split()[-1] for line in lab("sinfo", "-R", "-h", "-o", "%E %N").stdout.splitlines()
+            if line.startswith(f"fedshard fault at step {step}")]
+
+
+@pytest.mark.slow
+def test_a_lost_group_is_submitted_again_and_heals_while_the_others_train_on(testbed, tmp_path):
+    """train.fault_tolerance=groups on SLURM (issue 56): one job per federation group, the Lighthouse in the launcher
+    on the hub. After step 10 group 1's ranks set their node DOWN and die: SLURM ends that group's job NODE_FAIL
+    only, the launcher submits it again, and it waits for a node; the node is returned to service 1 s later (a
+    repaired node), and the new job heals from a live peer. No retry, no checkpoint: the other groups never stop
+    longer than grace_s and a median step, and every group ends on the same model."""
+    _wait_idle()
+    sweep = tmp_path / "testbed" / "smoke"
+    launcher = subprocess.Popen(
+        [LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
+         "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=60", "train.fault_tolerance=groups",
+         "train.fault_step=10", "train.fault_group=1", "retries=0", f"results_dir={tmp_path}"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for((sweep / FT_RUN / "fault.json").exists, "the fault", alive=lambda: launcher.poll() is None)
+        wait_for(lambda: len(_fault_downed(10)) == 1, "group 1's node to go DOWN", 30)
+        time.sleep(1)
+        for node in _fault_downed(10):
+            lab("scontrol", "update", f"nodename={node}", "state=resume").check_returncode()
+        out, err = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for node in _fault_downed(10):
+            lab("scontrol", "update", f"nodename={node}", "state=resume")
+    assert launcher.returncode == 0, out[-3000:] + err[-3000:]
+    assert "federation group 1's job" in out and "ended NODE_FAIL" in out and "submitted it again" in out, out
+    assert "retrying" not in out
+    entry = json.loads((sweep / "manifest.jsonl").read_text().splitlines()[-1])
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 1, entry
+    assert [g["starts"] for g in entry["groups"]] == [1, 2, 1, 1], entry["groups"]
+    result = RunResult.load(sweep / FT_RUN / "result.json")
+    assert result.fault["healed_step"] > 10 and 0 < result.fault["fault_to_heal_s"] < 60, result.fault
+    assert not (sweep / FT_RUN / "group1" / "checkpoints").exists() or result.resumed_from_step == 0
+    rows = [json.loads(line) for line in (sweep / FT_RUN / "group0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    assert max(gaps) < 5.0 + sorted(gaps)[len(gaps) // 2], gaps  # train.grace_s's default, and a median step
+    final = {json.loads((sweep / FT_RUN / f"group{g}" / "evals.jsonl").read_text().splitlines()[-1])["eval_ppl"]
+             for g in range(4)}
+    assert len(final) == 1, final  # every group evaluates the one model they end on
+
+
 def _shape_node_link(node: str, leaf: str, rate: str) -> None:
     """Change `node`'s link to its leaf switch (both ends) to `rate` (slurm/testbed/testbed.py's htb class 1:10)."""
     for ns, dev in ((f"fsb-{node}", "eth0"), (f"fsb-{leaf}", node)):

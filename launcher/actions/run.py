@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 from launcher import progress, shrink
 from launcher import scheduler as schedulers
+from launcher.actions.groups import GroupJobs
 from launcher.actions.outcome import MAX_PREEMPTIONS, NODE_FAILURE, failure_reason, preflight_named, retryable
 from launcher.actions.plan import plan
 from launcher.placement import health
@@ -56,8 +58,11 @@ class Sweeper:
         (run_dir / health.FILE).unlink(missing_ok=True)  # what an earlier attempt's preflight named is acted on
         registered = self.registry is not None and self.registry.register(run.run_id)
         try:
-            job = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json",
-                                        self._preflight())
+            if run.spec.train.fault_tolerance == "groups" and not self.scheduler.runs_here:
+                job = GroupJobs(self.scheduler, planned, spec_path, folder)  # a SLURM job per federation group
+            else:
+                job = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json",
+                                            self._preflight())
         except BaseException:  # nothing stays registered or written for a run that was never submitted
             shutil.rmtree(run_dir if new_dir else folder, ignore_errors=True)
             if registered and not new_dir:
@@ -79,6 +84,11 @@ class Sweeper:
         for run in runs:
             entry = self.store.entries.get(run.run_id, {})
             if entry.get("state") in FINAL or not entry.get("job_id"):
+                continue
+            if "," in str(entry["job_id"]):  # fault-tolerant groups: their Lighthouse ended with that launcher
+                self.scheduler.cancel({run.run_id: (run.spec.world_size, Path(), entry["job_id"])})
+                print(f"cancelled {run.run_id}'s group jobs {entry['job_id']}, submitted by an earlier launcher whose "
+                      f"Lighthouse they met at: it goes again, from the step all its groups checkpointed", flush=True)
                 continue
             folder = attempt_folder(self.settings.sweep_dir / run.run_id, entry["attempts"])
             self._watch(run, self.scheduler.reattach(run.spec.world_size, folder, entry["job_id"]))
@@ -114,9 +124,11 @@ class Sweeper:
     def wait(self, total: int) -> None:
         last = time.monotonic()
         while self.running:
-            polled = self.scheduler.poll([str(job.job_id) for _, job in self.running.values()])  # one call
+            # one call; a fault-tolerant run's group jobs are listed together (launcher.actions.groups)
+            polled = self.scheduler.poll([i for _, job in self.running.values() for i in str(job.job_id).split(",")])
             for run_id, (run, job) in list(self.running.items()):
-                done, state = self.scheduler.done(job, run.spec.world_size, polled)
+                done, state = job.state(polled) if isinstance(job, GroupJobs) else \
+                    self.scheduler.done(job, run.spec.world_size, polled)
                 if not done:
                     if state != self.store.state(run_id):
                         self._changed(run_id, job, state)
@@ -142,7 +154,7 @@ class Sweeper:
                     self._preempted(run_id, job, state)
                     continue
                 else:
-                    reason = failure_reason(job, run.spec.world_size)
+                    reason = job.failure if isinstance(job, GroupJobs) else failure_reason(job, run.spec.world_size)
                     if state == "NODE_FAIL":
                         reason = f"{NODE_FAILURE}: {reason}"
                     if self._lost(run_id):
@@ -180,8 +192,9 @@ class Sweeper:
     def _changed(self, run_id: str, job, state: str) -> None:
         """Record a job's new state, and where it runs. SLURM requeues a batch job whose node went down; it then
         waits for that node: with retry_shrink it is cancelled, to resume on the nodes left (_resubmission)."""
-        fields = {"state": state}
-        nodes = self.scheduler.nodes(job) if state == "RUNNING" else None
+        fields = {"state": state, "job_id": str(job.job_id)}  # a fault-tolerant run's lost group has a new job
+        nodes = (job.nodes() if isinstance(job, GroupJobs) else self.scheduler.nodes(job)) if state == "RUNNING" \
+            else None
         if nodes is not None:
             fields["nodes"] = nodes
         self.store.record(run_id, **fields)

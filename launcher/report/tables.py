@@ -216,6 +216,9 @@ def _fault_note(f: dict) -> str:
                 f"the other groups went on, and it was started again and healed from them at step "
                 f"{f['healed_step']}, {f['fault_to_heal_s']:.1f} s after the fault, {f['tokens_lost']} tokens lost "
                 f"(train.fault_tolerance=groups).")
+    if "resumed_from_step" not in f:  # the attempt that resumed after it is not the one recorded
+        return (f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); "
+                f"what it cost is not recorded: the run's last attempt started after it.")
     return (f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); the "
             f"next attempt resumed from step {f['resumed_from_step']}, {f['steps_retrained']} step(s) "
             f"({f['tokens_retrained']} tokens) trained again, {f['fault_to_resume_s']:.0f} s from the fault to the "

@@ -60,6 +60,8 @@ class Cluster:
                                       # expected goodput under faults (launcher.fault_tolerance; null: not priced)
     restart_s: float = 300.0      # from a lost node to the job training again: requeue (SLURM waits cred_expire,
                                   # 120 s by default), start, load; a restart's cost beyond the steps it trains again
+    lighthouse_host: str | None = None  # train.fault_tolerance=groups on SLURM: the submitting host's name as the
+                                        # nodes reach it, where the launcher's Lighthouse listens (null: its fqdn)
 
     @property
     def rank_order(self) -> str:

@@ -1,6 +1,7 @@
 """A fault-tolerant run's result (train.fault_tolerance=groups): each federation group's last life wrote its own
 result.json, metrics.jsonl and evals.jsonl in <run>/group<g>/; this joins them into the run's, with what every loss
-cost (issue 56, item 4), once the local job's supervisor saw every group end well (train.job.forked_ranks).
+cost (issue 56, item 4), once every group ended well: the local job's supervisor (train.job.forked_ranks) or, on
+SLURM, the launcher that watches each group's job (launcher.actions.groups) calls it.
 
 A lost group's steps count as useful up to its last average before the fault (what reached the others), and again
 from the step it healed at; the steps between were lost (its own, dropped with its process, and those it missed

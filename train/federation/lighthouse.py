@@ -1,8 +1,10 @@
 """The Lighthouse a fault-tolerant run's federation groups form their quorums through (train.fault_tolerance=groups,
-train.federation.groups): torchft's, in a process of its own that the local job's supervisor (train.job.forked_ranks)
-starts before the groups and ends after them. Its own process because torchft's server runs threads, and the
-supervisor forks a lost group's ranks again later: a process that runs threads must not fork. On the submitting
-host, where the supervisor already runs: nothing else has to be reachable, and it lives exactly as long as the job.
+train.federation.groups): torchft's, in a process of its own, started before the groups and ended after them. On
+cluster=local the job's supervisor (train.job.forked_ranks) starts it, on loopback; on SLURM the launcher does, on
+the submitting host (launcher.groups), where it already waits for the run: no node's loss can take the Lighthouse
+with it, and no job of its own has to wait in the queue before the groups can meet. Its own process because
+torchft's server runs threads, and the local supervisor forks a lost group's ranks again later: a process that runs
+threads must not fork. It ends with the process that started it.
 
 Torch-free to import: the launcher reads `Federation.of(spec)` when it submits."""
 from __future__ import annotations
@@ -58,41 +60,57 @@ class Federation:
         return cls(spec.layout.F, t.quorum_min, t.grace_s) if t.fault_tolerance == "groups" else None
 
 
-def start(federation: Federation) -> tuple[subprocess.Popen, str]:
-    """The Lighthouse's process, listening on loopback, and its address for the groups' torchft managers."""
-    proc = subprocess.Popen([sys.executable, "-m", "train.federation.lighthouse", str(federation.quorum_min),
-                             str(int(federation.grace_s * 1000)), str(os.getpid())], stdout=subprocess.PIPE, text=True)
-    ready, _, _ = select.select([proc.stdout], [], [], READY_S)
-    line = proc.stdout.readline().strip() if ready else ""
-    if not line.startswith("http://"):
-        proc.kill()
-        raise FedshardError(f"the torchft Lighthouse did not start within {READY_S:.0f} s "
-                            f"(exit status {proc.poll()}): is torchft installed (pip install torchft==0.2.0)?")
-    return proc, line
+LOOPBACK = "127.0.0.1"
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+class Lighthouse:
+    """A running Lighthouse: its process, and the address the groups' torchft managers reach it at."""
+
+    def __init__(self, federation: Federation, host: str = LOOPBACK, log: Path | None = None):
+        """Start it and wait until it listens: on loopback only for `host` 127.0.0.1 (cluster=local), else on every
+        interface of this host, advertised as `host` (the name the nodes know it by: cluster.lighthouse_host). Its
+        log (a line per quorum) goes to `log`, else to this process's stderr (a local job's is its log already)."""
+        stderr = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            stderr = open(log, "ab")  # noqa: SIM115 -- the child holds it; this process closes its copy below
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "train.federation.lighthouse",
+                                          str(federation.quorum_min), str(int(federation.grace_s * 1000)),
+                                          str(os.getpid()), host], stdout=subprocess.PIPE, stderr=stderr, text=True)
+        finally:
+            if stderr is not None:
+                stderr.close()
+        ready, _, _ = select.select([self.proc.stdout], [], [], READY_S)
+        self.address = self.proc.stdout.readline().strip() if ready else ""
+        if not self.address.startswith("http://"):
+            self.proc.kill()
+            raise FedshardError(f"the torchft Lighthouse did not start within {READY_S:.0f} s (exit status "
+                                f"{self.proc.poll()}): is torchft installed (pip install torchft==0.2.0)?")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def main(argv: list[str]) -> None:
-    """`python -m train.federation.lighthouse QUORUM_MIN GRACE_MS PARENT_PID`: print the address once listening, then
-    serve until SIGTERM or the supervisor's death."""
+    """`python -m train.federation.lighthouse QUORUM_MIN GRACE_MS PARENT_PID HOST`: print the address once listening,
+    then serve until SIGTERM or the death of the process that started it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # the server's threads inherit it
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != int(argv[2]):  # the supervisor died before prctl took effect
+    if os.getppid() != int(argv[2]):  # its parent died before prctl took effect
         return
     from torchft._torchft import LighthouseServer
 
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=int(argv[0]), join_timeout_ms=int(argv[1]),
-                              heartbeat_timeout_ms=HEARTBEAT_MS)
+    host = argv[3]
+    server = LighthouseServer(bind=f"{LOOPBACK if host == LOOPBACK else '0.0.0.0'}:0", min_replicas=int(argv[0]),
+                              join_timeout_ms=int(argv[1]), heartbeat_timeout_ms=HEARTBEAT_MS)
     port = server.address().rsplit(":", 1)[1]
-    print(f"http://127.0.0.1:{port}", flush=True)
+    print(f"http://{host}:{port}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     server.shutdown()
 

@@ -30,6 +30,14 @@ class TrainJob:
 
         return Federation.of(RunSpec.load(self.spec_path))
 
+    def lighthouse(self, host: str, log):
+        """train.fault_tolerance=groups on SLURM: the run's Lighthouse, started on this (the submitting) host,
+        advertised to the groups' jobs as `host`, writing to `log` (train.federation.lighthouse); `.address`,
+        `.stop()`."""
+        from train.federation.lighthouse import Lighthouse
+
+        return Lighthouse(self.federation(), host, log)
+
     def clear_groups(self) -> None:
         """Before a fault-tolerant run's groups start: no group is ready yet (train.federation.lighthouse)."""
         from train.federation.lighthouse import clear_ready

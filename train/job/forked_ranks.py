@@ -30,8 +30,7 @@ from pathlib import Path
 
 from train.contract import submitit_compat
 from train.contract.common import FedshardError, atomic, free_port
-from train.federation import lighthouse
-from train.federation.lighthouse import Federation
+from train.federation.lighthouse import Federation, Lighthouse
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks left once one failed (torchrun gives 30 s)
 RESTARTS = 3  # starts of a lost federation group after its first (train.fault_tolerance=groups)
@@ -103,7 +102,7 @@ class ForkedRanks:
         """Each federation group its own world, restarted when lost while another trains (module docstring)."""
         F = self.federation.F
         size = self.ranks // F
-        server, address = lighthouse.start(self.federation)
+        server = Lighthouse(self.federation)
         starts, restarts = [0] * F, []
         ended: dict[int, dict[int, int]] = {g: {} for g in range(F)}  # group -> {rank: exit status}
         kill_at: dict[int, float] = {}  # group -> when its ranks left get SIGKILL
@@ -118,7 +117,7 @@ class ForkedRanks:
                         "RANK": str(local), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local),
                         "LOCAL_WORLD_SIZE": str(self.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                         "FEDSHARD_GROUP": str(group), "FEDSHARD_GROUP_START": str(starts[group]),
-                        "FEDSHARD_LIGHTHOUSE": address})
+                        "FEDSHARD_LIGHTHOUSE": server.address})
                 ranks[pid] = rank
             ended[group] = {}
 
@@ -159,7 +158,7 @@ class ForkedRanks:
                 start(group)
         finally:
             _signal(list(ranks), signal.SIGKILL)
-            lighthouse.stop(server)
+            server.stop()
         for rank in range(self.ranks):
             _value_path(folder, job_id, rank).unlink(missing_ok=True)
         return self.job.merge_groups(restarts)

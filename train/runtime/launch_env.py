@@ -48,7 +48,8 @@ class Seat:
 
 
 def seat(environ=os.environ) -> Seat | None:
-    """This rank's seat, as the local job's supervisor set it, or None outside a fault-tolerant run."""
+    """This rank's seat, as the local job's supervisor or the launcher's group job (launcher.groups) set it, or None
+    outside a fault-tolerant run."""
     if "FEDSHARD_GROUP" not in environ:
         return None
     return Seat(int(environ["FEDSHARD_GROUP"]), environ["FEDSHARD_LIGHTHOUSE"],
@@ -137,6 +138,9 @@ def init(env: DistEnv, device: str, backend: str, run_dir: Path, timeout_s: floa
     if device == "cuda":
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     addr, port, where = rendezvous(env, run_dir, timeout_s)
+    if env.seat is not None:  # a federation group's torchft manager meets its group's ranks at the same store
+        os.environ.setdefault("MASTER_ADDR", addr)
+        os.environ.setdefault("MASTER_PORT", str(port))
     if env.rank != 0:  # torch would retry with a C++ backtrace per attempt on stderr; say it in one line instead
         wait_listening(env, addr, port, where, timeout_s)
     try:

@@ -1,0 +1,114 @@
+"""A fault-tolerant run on SLURM (train.fault_tolerance=groups): each federation group is a SLURM job of its own, so
+a lost node ends only its group's job, and the other groups train on (train.federation.groups).
+
+The launcher starts the run's torchft Lighthouse on the submitting host, where it already waits for the run
+(train.federation.lighthouse says why there), then submits one job per group. A group's job that ends without its
+result (a lost node: NODE_FAIL; a failed rank) is submitted again, at most RESTARTS times, while another group still
+trains; the new job heals from a live peer at the next average. The jobs ask not to be requeued: the launcher
+resubmits a lost group at once, where SLURM's requeue would first wait cred_expire, and counts every restart itself.
+Once every group has ended well the run's result is merged from theirs (train.federation.accounting)."""
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+from launcher.actions.outcome import failure_reason
+from launcher.scheduler import FINAL_STATES
+from launcher.submit import group_parameters
+from launcher.sweep import PlannedRun
+from train.contract import submitit_compat
+from train.job import TrainJob
+
+RESTARTS = 3  # submissions of a lost group's job after its first, as on cluster=local (train.job.forked_ranks)
+RUNNING = ("RUNNING", "COMPLETING")
+
+
+class GroupJobs:
+    """What the launcher watches for a fault-tolerant run on SLURM, in place of one job: one job per federation
+    group, and the Lighthouse they meet at. `job_id` lists the groups' current jobs (comma-separated)."""
+
+    def __init__(self, scheduler, planned: PlannedRun, spec_path: Path, folder: Path):
+        self.scheduler, self.planned, self.folder = scheduler, planned, folder
+        self.entry = TrainJob(str(spec_path))
+        L = planned.run.spec.layout
+        self.F, self.size = L.F, L.group_world
+        self.starts = [0] * self.F
+        self.restarts: list[dict] = []  # {group, start, at, why}, as train.federation.accounting reads them
+        self.ended: set[int] = set()  # groups whose job ended with their result
+        self.failure: str | None = None
+        self.entry.clear_groups()  # a failed attempt's ready marks must not let this one's first quorum start early
+        cluster = scheduler.cluster
+        self.lighthouse = self.entry.lighthouse(cluster.lighthouse_host or socket.getfqdn(), folder / "lighthouse.log")
+        try:
+            self.jobs = [self._submit(g) for g in range(self.F)]
+        except BaseException:
+            self.cancel()
+            raise
+
+    @property
+    def job_id(self) -> str:
+        return ",".join(str(job.job_id) for job in self.jobs)
+
+    def _submit(self, group: int):
+        import submitit
+
+        params = group_parameters(self.scheduler.cluster, self.planned, group, self.starts[group],
+                                  self.lighthouse.address)
+        executor = submitit.SlurmExecutor(folder=self.folder / f"group{group}", python=self.scheduler.cluster.python)
+        executor.update_parameters(**params)
+        return self.scheduler.submit_job(executor, self.entry, params["job_name"], self.folder)
+
+    def state(self, polled: dict) -> tuple[bool, str]:
+        """(whether the run ended, its state): a lost group's job is submitted again here while another trains."""
+        states = []
+        for group, job in enumerate(self.jobs):
+            if group in self.ended or self.failure is not None:
+                continue
+            # squeue's word first: sacct, which submitit reads, learns of a lost node seconds later; a job squeue and
+            # scontrol no longer know ended if the scheduler's own check agrees (a timed-out query is no loss)
+            state = polled.get(str(job.job_id))
+            done = state in FINAL_STATES or (state is None and self.scheduler.done(job, self.size, polled)[0])
+            if not done:
+                states.append(state)
+                continue
+            if self._ended_well(job):
+                self.ended.add(group)
+                continue
+            self._lost(group, job, state)
+        if self.failure is not None:
+            return True, "FAILED"
+        if len(self.ended) == self.F:
+            self.lighthouse.stop()
+            self.entry.merge_groups(self.restarts)
+            return True, "COMPLETED"
+        return False, next((s for s in states if s in RUNNING), states[0] if states else "RUNNING")
+
+    def _ended_well(self, job) -> bool:
+        """Every task of the group's job returned (submitit's result pickles): sacct's state may still say RUNNING."""
+        return all((submitit_compat.task_outcome(job.paths.folder, job.job_id, task) or ("",))[0] == "success"
+                   for task in range(self.size))
+
+    def _lost(self, group: int, job, state: str) -> None:
+        why = f"federation group {group}'s job {job.job_id} ended {state or 'VANISHED'}: " \
+              f"{failure_reason(job, self.size)}"
+        training = [g for g in range(self.F) if g != group and g not in self.ended]
+        if not training or self.starts[group] >= RESTARTS:
+            reason = "no other group trains to heal from" if not training else f"{RESTARTS} restarts used"
+            self.failure = f"{why} ({reason})"
+            self.cancel()
+            return
+        self.starts[group] += 1
+        self.restarts.append({"group": group, "start": self.starts[group], "at": time.time(), "why": why})
+        self.jobs[group] = self._submit(group)
+        print(f"{self.planned.run.run_id}: {why}; submitted it again as job {self.jobs[group].job_id} "
+              f"({self.starts[group]} of {RESTARTS}): it heals from a group still training", flush=True)
+
+    def nodes(self) -> list[str]:
+        return sorted({n for job in self.jobs for n in self.scheduler.nodes(job) or []})
+
+    def cancel(self, check: bool = False) -> None:
+        for group, job in enumerate(getattr(self, "jobs", [])):
+            if group not in self.ended:
+                job.cancel(check=False)
+        self.lighthouse.stop()
