@@ -1,4 +1,4 @@
-"""Faults seen from the launcher: where fault-tolerant federation groups (train.fault_tolerance=groups) run so far,
+"""Faults seen from the launcher: where fault-tolerant federation groups (train.fault_tolerance=groups) can run,
 checked before anything is submitted (train/federation/groups.py has how they run), and what faults are expected to
 cost each planned run (issue 56, item 6).
 

@@ -209,10 +209,11 @@ class FaultTolerance:
     """Federation groups as failure domains (issue 56): FL's groups train apart between averages, so a lost or late
     group need not stop the others."""
 
-    fault_tolerance: str = key("none", "none: one lost rank ends the run | groups (FL+FSDP, FL+HSDP; cluster=local): "
-                                       "each federation group its own world and process tree, averaging through a "
-                                       "torchft quorum; a lost group is restarted and heals from a live peer "
-                                       "(train/federation/groups.py)", one_of(FAULT_TOLERANCES))
+    fault_tolerance: str = key("none", "none: one lost rank ends the run | groups (FL+FSDP, FL+HSDP): each "
+                                       "federation group its own world (a process tree on cluster=local, a SLURM job "
+                                       "on a cluster), averaging through a torchft quorum; a lost group is started "
+                                       "again and heals from a live peer (train/federation/groups.py)",
+                               one_of(FAULT_TOLERANCES))
     quorum_min: int = key(1, "fault_tolerance=groups: the fewest groups an average goes on with (1 to F)", POSITIVE)
     grace_s: float = key(5.0, "fault_tolerance=groups: how long an average waits for a late group that is still "
                               "alive before going on without it (the late group then heals from its peers)",
