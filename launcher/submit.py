@@ -62,7 +62,8 @@ def group_parameters(cluster, planned: PlannedRun, group: int, start: int, light
     extra = params.pop("additional_parameters", {})
     asked = {k for k in ("switches", "segment") if extra.pop(k, None) is not None}
     if nodes > 1 and asked:
-        extra.update({"segment": nodes} if "segment" in asked else {"switches": f"1@{cluster.switches_wait_min:02d}:00"})
+        wait = f"{cluster.switches_wait_min:02d}:00"
+        extra.update({"segment": nodes} if "segment" in asked else {"switches": f"1@{wait}"})
     params.update(job_name=f"{run.run_id}-group{group}", nodes=nodes, additional_parameters={**extra,
                   "no_requeue": True}, setup=[*params["setup"], f"export FEDSHARD_GROUP={group}",
                                               f"export FEDSHARD_GROUP_START={start}",

@@ -35,8 +35,10 @@ def _launch(tmp_path, *overrides, run=RUN):
     return sweep, sweep / run
 
 
-def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path):
-    _, run_dir = _launch(tmp_path, "sweep.train.steps=12")
+@pytest.mark.parametrize("outer", [[], ["train.outer=diloco", "train.outer_lr=0.7", "train.outer_momentum=0.9"]],
+                         ids=["fedavg", "diloco"])
+def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path, outer):
+    _, run_dir = _launch(tmp_path, "sweep.train.steps=12", *outer)
     reference = uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")  # the same spec in one world
     group0, group1, one = losses(run_dir / "group0"), losses(run_dir / "group1"), losses(tmp_path / "reference")
     assert [r[0::2] for r in group0] == [r[0::2] for r in group1] == [r[0::2] for r in one]  # steps, averages
@@ -114,7 +116,10 @@ def _digest(trainer) -> list:
     params = list(trainer.model.parameters())
     moments = [float(local(v).sum()) for p in params for k, v in sorted(trainer.optimizer.state[p].items())
                if torch.is_tensor(v)]
-    return [trainer.state.step, trainer.state.tokens, [float(local(p).detach().sum()) for p in params], moments]
+    outer = trainer.fedavg.outer
+    synced = [float(t.sum()) for t in [*outer.synced, *outer.velocity]] if outer is not None else []
+    return [trainer.state.step, trainer.state.tokens, [float(local(p).detach().sum()) for p in params], moments,
+            synced]
 
 
 def _trainer(spec, rank, group, address, start):
@@ -125,10 +130,10 @@ def _trainer(spec, rank, group, address, start):
                                                                         seat=Seat(group, address, start)))
 
 
-def _group_rank(rank, world, group, address, restart_after, run_dir):
+def _group_rank(rank, world, group, address, restart_after, run_dir, train):
     """Train to STEPS; after `restart_after` steps group 1 drops its trainer and starts a fresh one (a group restarted
     from nothing), which heals as it joins. Returns (step, digest) after each average."""
-    spec = RunSpec.from_dict({**SPEC, "out_dir": run_dir})
+    spec = RunSpec.from_dict({**SPEC, "out_dir": run_dir, "train": {**SPEC["train"], **train}})
     seen, trainer = [], _trainer(spec, rank, group, address, 0)
     trainer.restore()
     while trainer.state.step < STEPS:
@@ -147,11 +152,15 @@ def _group_rank(rank, world, group, address, restart_after, run_dir):
     return seen
 
 
-def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path):
+@pytest.mark.parametrize("train", [{}, {"outer": "diloco", "outer_lr": 0.7, "outer_momentum": 0.9}],
+                         ids=["fedavg", "diloco"])
+def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path, train):
+    """With DiLoCo the healed group also holds its peer's synchronized copy and outer momentum."""
     server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
     try:
         with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, server.address, 4, str(tmp_path)), range(2)))
+            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, server.address, 4, str(tmp_path), train),
+                                range(2)))
     finally:
         server.stop()
     for rank in range(2):

@@ -88,7 +88,8 @@ class Trainer:
             shared = {"average_optimizer_state": self.cfg.average_optimizer_state}
             c = self.cfg
             if seat is not None:
-                self.fedavg = GroupFedAvg(self.model, self.optimizer, self.mesh, spec, seat, self.state)
+                outer = OuterStep(c.outer_lr, c.outer_momentum, c.outer_offload) if c.outer == "diloco" else None
+                self.fedavg = GroupFedAvg(self.model, self.optimizer, self.mesh, spec, seat, self.state, outer)
             elif c.outer == "fedavg" and c.aggregation_dtype == "fp32" and not c.streamed:
                 self.fedavg = FedAvg(self.model, self.optimizer, self.mesh, spec.layout.A, **shared)
             else:  # compressed or streamed FedAvg is DiLoCo at lr 1, momentum 0: pseudo-gradients travel

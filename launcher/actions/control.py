@@ -56,11 +56,15 @@ def recorded_runs(settings: Settings, runs: list[Run]) -> list[Recorded]:
 
 
 def _log_paths(settings: Settings, run_id: str, entry: dict) -> list[Path]:
-    """Task 0's stdout and stderr of the run's latest attempt (where its progress and its errors go)."""
+    """Task 0's stdout and stderr of the run's latest attempt (where its progress and its errors go): of federation
+    group 0's current job in a fault-tolerant run on SLURM (its job ids joined by commas, launcher.actions.groups)."""
     if not entry.get("job_id"):
         return []
     folder = attempt_folder(settings.sweep_dir / run_id, entry.get("attempts", 1))
-    paths = submitit_compat.task_paths(folder, entry["job_id"], 0)
+    job_id = str(entry["job_id"])
+    if "," in job_id:
+        folder, job_id = folder / "group0", job_id.split(",")[0]
+    paths = submitit_compat.task_paths(folder, job_id, 0)
     return [paths.stdout, paths.stderr]
 
 

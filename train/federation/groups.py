@@ -14,7 +14,9 @@ group would hold, which the tests can check bit for bit.
 Each rank then averages its local shards with the same shard of the other groups in the quorum (the same rank of
 each group's world: the layouts are equal), weighted by the tokens each group trained since the last average (a
 group that just healed holds a copy and weighs 0), summed in fp32, and writes the average back only when every group
-commits (torchft's should_commit: no rank of any group failed in the exchange) and it is finite.
+commits (torchft's should_commit: no rank of any group failed in the exchange) and it is finite. With
+train.outer=diloco the outer step then runs on that average (train.federation.outer's, on this group's synchronized
+copy and momentum, which a healing group copies too).
 """
 from __future__ import annotations
 
@@ -28,17 +30,21 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from train.federation.federated import FedAvg
+from train.federation.outer import DiLoCo, OuterStep
 from train.parallel.parallelize import local
 
 
 class GroupFedAvg(FedAvg):
     """FedAvg through torchft's quorum; `join()` at the start heals a group that comes late or restarted."""
 
-    def __init__(self, model, optimizer, mesh, spec, seat, train_state):
+    def __init__(self, model, optimizer, mesh, spec, seat, train_state, outer: OuterStep | None = None):
         """`seat` (train.runtime.launch_env.Seat): this rank's group and the Lighthouse; `train_state`: what a healing
-        group takes besides the model and optimizer (step, tokens, LR schedule, RNG)."""
+        group takes besides the model and optimizer (step, tokens, LR schedule, RNG); `outer`: DiLoCo's outer step
+        after each average (None: FedAvg)."""
         L, t = spec.layout, spec.train
         super().__init__(model, optimizer, mesh, L.A, t.average_optimizer_state)
+        # DiLoCo: its synchronized copy, momentum and outer step (its own averaging, over a fed dimension of 1, unused)
+        self.outer = DiLoCo(model, optimizer, mesh, L.A, outer) if outer is not None else None
         self.groups = L.F  # in the run (this rank's mesh holds one: its own)
         from torchft.manager import Manager
         from torchft.process_group import ProcessGroupGloo
@@ -100,6 +106,8 @@ class GroupFedAvg(FedAvg):
         sums = self._weighted_sums(own / total) if total > 0 else []
         if self.manager.should_commit():  # once per round: no rank of any group in the quorum failed in it
             self._write_back(sums)
+            if self.outer is not None and sums:  # nothing trained (a closing round): no outer step either
+                self.outer.outer_step_from_average()
             self.merged_tokens += own * self.tokens_per_step
             if groups < self.groups and not self.closing:
                 self.short_rounds.append({"step": step, "groups": groups})
@@ -124,13 +132,25 @@ class GroupFedAvg(FedAvg):
             for t, value in zip(chunk, flat.split([t.numel() for t in chunk])):
                 t.copy_(torch.where(finite, value.view_as(t).to(t.dtype), t))
 
+    def outer_state(self) -> dict:
+        return self.outer.outer_state() if self.outer is not None else {}
+
+    def load_outer_state(self, state: dict) -> None:
+        self.outer.load_outer_state(state)
+
+    def device_state(self) -> list:
+        return self.outer.device_state() if self.outer is not None else []
+
     def _state(self) -> dict:
-        """What a healing peer takes: this rank's shards, their AdamW moments and the train state."""
+        """What a healing peer takes: this rank's shards, their AdamW moments, the train state and, with DiLoCo, the
+        synchronized copy and outer momentum."""
         params = [p for _, p in self.named_params()]
         moments = [{k: local(v).detach().clone() if torch.is_tensor(v) else v
                     for k, v in self.optimizer.state.get(p, {}).items()} for p in params]
+        outer = {} if self.outer is None else {"synced": [t.clone() for t in self.outer.synced],
+                                               "momentum": [t.clone() for t in self.outer.velocity]}
         return {"params": [local(p).detach().clone() for p in params], "moments": moments,
-                "train": self.train_state.state_dict()}
+                "train": self.train_state.state_dict(), "outer": outer}
 
     def _load(self, state: dict) -> None:
         with torch.no_grad():
@@ -144,6 +164,9 @@ class GroupFedAvg(FedAvg):
                     if k not in mine:  # a moment is laid out as its parameter (a DTensor shard); a step is a scalar
                         mine[k] = torch.zeros_like(p) if v.dim() else v.clone()
                     local(mine[k]).copy_(v)
+            for key, mine in (("synced", "synced"), ("momentum", "velocity")):
+                for t, value in zip(getattr(self.outer, mine, []), state["outer"].get(key, [])):
+                    t.copy_(value)
         dropped = self.trained_since * self.tokens_per_step  # this group's steps since its last average
         self.train_state.load_state_dict(state["train"])
         self.healed = True

@@ -127,7 +127,7 @@ class DiLoCo(FedAvg):
         self.flush()
         if self.wire == "fp32" and not self.streamed:
             super().average()
-            self._outer_step_from_average()
+            self.outer_step_from_average()
             return
         self._launch(list(range(len(self.synced))), None)
         self._land()
@@ -196,7 +196,7 @@ class DiLoCo(FedAvg):
                         p.copy_(p.float().add_(moved.add_(s)))
                     self._store(i, s, m)
 
-    def _outer_step_from_average(self) -> None:
+    def outer_step_from_average(self) -> None:
         """After FedAvg put the average a in the parameters: m <- mu m + (synced - a), then parameters <-
         a + (1 - lr)(synced - a) - lr mu m (module docstring) and synced <- parameters; five passes over
         memory and no temporary for fp32 parameters (updated in place; others through an fp32 copy)."""
