@@ -3,8 +3,8 @@ a lost node ends only its group's job, and the other groups train on (train.fede
 
 The launcher starts the run's torchft Lighthouse on the submitting host, where it already waits for the run
 (train.federation.lighthouse says why there), then submits one job per group. A group's job that ends without its
-result (a lost node: NODE_FAIL; a failed rank) is submitted again, at most RESTARTS times, while another group still
-trains; the new job heals from a live peer at the next average. The jobs ask not to be requeued: the launcher
+result (a lost node: NODE_FAIL; a failed rank) is submitted again, at most GROUP_RESTARTS times, while another group
+still trains; the new job heals from a live peer at the next average. The jobs ask not to be requeued: the launcher
 resubmits a lost group at once, where SLURM's requeue would first wait cred_expire, and counts every restart itself.
 Once every group has ended well the run's result is merged from theirs (train.federation.accounting)."""
 from __future__ import annotations
@@ -18,9 +18,9 @@ from launcher.scheduler import FINAL_STATES
 from launcher.submit import group_parameters
 from launcher.sweep import PlannedRun
 from train.contract import submitit_compat
+from train.contract.config import GROUP_RESTARTS, not_restarted
 from train.job import TrainJob
 
-RESTARTS = 3  # submissions of a lost group's job after its first, as on cluster=local (train.job.forked_ranks)
 RUNNING = ("RUNNING", "COMPLETING")
 
 
@@ -92,9 +92,8 @@ class GroupJobs:
     def _lost(self, group: int, job, state: str) -> None:
         why = f"federation group {group}'s job {job.job_id} ended {state or 'VANISHED'}: " \
               f"{failure_reason(job, self.size)}"
-        training = [g for g in range(self.F) if g != group and g not in self.ended]
-        if not training or self.starts[group] >= RESTARTS:
-            reason = "no other group trains to heal from" if not training else f"{RESTARTS} restarts used"
+        reason = not_restarted(self.starts[group], any(g not in self.ended for g in range(self.F) if g != group))
+        if reason:
             self.failure = f"{why} ({reason})"
             self.cancel()
             return
@@ -102,7 +101,7 @@ class GroupJobs:
         self.restarts.append({"group": group, "start": self.starts[group], "at": time.time(), "why": why})
         self.jobs[group] = self._submit(group)
         print(f"{self.planned.run.run_id}: {why}; submitted it again as job {self.jobs[group].job_id} "
-              f"({self.starts[group]} of {RESTARTS}): it heals from a group still training", flush=True)
+              f"({self.starts[group]} of {GROUP_RESTARTS}): it heals from a group still training", flush=True)
 
     def nodes(self) -> list[str]:
         return sorted({n for job in self.jobs for n in self.scheduler.nodes(job) or []})

@@ -41,6 +41,15 @@ CHECKPOINTING = ("none", "full", "selective")  # train.activation_checkpointing 
 FAULT_KINDS = ("kill", "slow")  # train.fault_kind (train.runtime.fault)
 FAULT_TOLERANCES = ("none", "groups")  # train.fault_tolerance (train.federation.groups)
 HEARTBEAT_MS = 2000  # a fault-tolerant group silent this long is dead to the Lighthouse (train.federation.lighthouse)
+GROUP_RESTARTS = 3  # starts of a lost fault-tolerant group after its first (forked_ranks; launcher.actions.groups)
+
+
+def not_restarted(starts: int, others_train: bool) -> str | None:
+    """Why a lost fault-tolerant group is not started again, None when it is: it heals from a group that still trains,
+    and a group lost this often is failing for a reason a restart does not mend."""
+    if not others_train:
+        return "no other group trains to heal from"
+    return f"{GROUP_RESTARTS} restarts used" if starts >= GROUP_RESTARTS else None
 
 
 @dataclass

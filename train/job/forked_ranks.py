@@ -30,10 +30,10 @@ from pathlib import Path
 
 from train.contract import submitit_compat
 from train.contract.common import FedshardError, atomic, free_port
+from train.contract.config import GROUP_RESTARTS, not_restarted
 from train.federation.lighthouse import Federation, Lighthouse
 
 GRACE_S = 3.0  # between SIGTERM and SIGKILL for the ranks left once one failed (torchrun gives 30 s)
-RESTARTS = 3  # starts of a lost federation group after its first (train.fault_tolerance=groups)
 POLL_S = 0.05
 FORWARDED = (signal.SIGINT, signal.SIGTERM)  # and submitit's pre-emption signal
 PR_SET_PDEATHSIG = 1
@@ -146,15 +146,14 @@ class ForkedRanks:
                 first = next(r for r, c in ended[group].items() if c)
                 why = f"rank {first} of {self.ranks} {_ended(ended[group][first])}: " \
                       f"{_last_error(folder, job_id, first)}"
-                training = [g for g in range(F) if g != group and len(ended[g]) < size]
-                if not training or starts[group] >= RESTARTS:
+                reason = not_restarted(starts[group], any(len(ended[g]) < size for g in range(F) if g != group))
+                if reason:
                     _signal(list(ranks), signal.SIGKILL)
-                    reason = "no other group trains to heal from" if not training else f"{RESTARTS} restarts used"
                     raise RankError(f"federation group {group} lost ({reason}): {why}")
                 starts[group] += 1
                 restarts.append({"group": group, "start": starts[group], "at": time.time(), "why": why})
                 print(f"fedshard: federation group {group} lost ({why}); starting it again ({starts[group]} of "
-                      f"{RESTARTS}): it heals from a group still training", file=sys.stderr, flush=True)
+                      f"{GROUP_RESTARTS}): it heals from a group still training", file=sys.stderr, flush=True)
                 start(group)
         finally:
             _signal(list(ranks), signal.SIGKILL)
