@@ -23,7 +23,9 @@ two steps.
 
 Run: python -m bench.fault_tolerance [--kind kill|slow] [--cluster local|testbed] [--nodes 2] [--steps 80]
 [--fault-step 30] [--checkpoint-every 16] [--speed 0.5] [--grace 0.2] [--repair-s 10] [--repeats 3] [--out DIR]
-[KEY=VALUE ...] (more launcher overrides, e.g. train=learn)
+[--report] [KEY=VALUE ...] (more launcher overrides, e.g. train=learn); --report with the same arguments prints the
+tables again from the sweeps in --out without running anything (tests/test_committed_results.py checks the
+committed study's README that way)
 """
 from __future__ import annotations
 
@@ -41,9 +43,11 @@ from pathlib import Path
 
 from train.contract.common import write_atomic
 from train.contract.result import RunResult
+from train.contract.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = str(ROOT / "slurm" / "testbed" / "lab")
+RULE = "\nthe registered rule (results/testbed/fault_tolerance/README.md), fault-tolerant groups:\n"
 
 
 def sweep(out: Path, name: str, args, *overrides: str) -> list[Path]:
@@ -55,7 +59,9 @@ def sweep(out: Path, name: str, args, *overrides: str) -> list[Path]:
            f"sweep.train.steps={args.steps}", f"sweep.repeats={args.repeats}", f"results_dir={results_dir}",
            *args.overrides, *overrides]
     print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
-    if args.cluster == "testbed":
+    if args.report:
+        pass  # the sweep ran before: its results are read as they are
+    elif args.cluster == "testbed":
         with Repairs(results_dir / "repairs.json", args.repair_s):
             subprocess.run([LAB, *cmd], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     else:
@@ -106,8 +112,7 @@ def lost_s(killed: RunResult, free: RunResult) -> float:
 
 
 def loss_change(run: RunResult, reference: RunResult) -> str:
-    a, b = math.log(run.eval_ppl), math.log(reference.eval_ppl)
-    return f"{a:.4f} | {b:.4f} | {100 * (a - b) / b:+.2f} %"
+    return f"{math.log(run.eval_ppl):.4f} | {math.log(reference.eval_ppl):.4f} | {change(run, reference):+.2f} %"
 
 
 def group0_s(run_dir: Path) -> float:
@@ -162,7 +167,7 @@ def kill(args, out: Path) -> None:
           "tokens/s over fault-free | ln eval_ppl | fault-free | loss change | healed after node back (s) | "
           "group 0's longest gap (s) | its median step (s) |")
     print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    lost = {"groups": [], "restart": []}
+    lost, verdicts = {"groups": [], "restart": []}, []
     for k in range(n):
         for path, killed, free in (("groups", ft_kill[k], ft_free[k]), ("restart", re_kill[k], re_free[k])):
             f = killed.fault or {}
@@ -172,9 +177,27 @@ def kill(args, out: Path) -> None:
             print(f"| {k + 1} | {path} | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost[path][-1]:.2f} | "
                   f"{f.get('tokens_lost', f.get('tokens_retrained'))} | {useful_rate(killed, free):.3f} | "
                   f"{loss_change(killed, free)} | {_num(healed)} | {_num(gap)} | {_num(median)} |")
+            if path == "groups":
+                grace = RunSpec.load(kill_dirs[k] / "spec.json").train.grace_s
+                verdicts.append(_verdicts(k, [
+                    ("K1", gap < grace + median, f"longest gap {gap:.2f} s < {grace:g} + {median:.2f} s"),
+                    ("K2", healed is not None and healed <= 60, f"healed {_num(healed)} s after its node was back"),
+                    ("K3", useful_rate(killed, free) >= 0.90, f"useful tokens/s {useful_rate(killed, free):.3f}"),
+                    ("K4", abs(change(killed, free)) <= 1, f"loss change {change(killed, free):+.2f} %")]))
     print(f"\nmedian time lost: groups {statistics.median(lost['groups']):.2f} s, restart from a checkpoint "
           f"{statistics.median(lost['restart']):.2f} s; fault-free training time, groups over one world: "
           + ", ".join(f"{ft_free[k].train_time_s / re_free[k].train_time_s:.3f}" for k in range(n)))
+    print(RULE + "\n".join(verdicts))
+
+
+def change(run: RunResult, reference: RunResult) -> float:
+    """The final eval loss's change over the reference's, in %."""
+    a, b = math.log(run.eval_ppl), math.log(reference.eval_ppl)
+    return 100 * (a - b) / b
+
+
+def _verdicts(k: int, checks: list[tuple[str, bool, str]]) -> str:
+    return f"- repeat {k + 1}: " + "; ".join(f"{name} {'pass' if ok else 'MISS'} ({why})" for name, ok, why in checks)
 
 
 def _num(value: float | None) -> str:
@@ -193,12 +216,16 @@ def slow(args, out: Path) -> None:
     print("| seed | path | group 0 to its last step (s) | unslowed (s) | its tokens/s over unslowed | ln eval_ppl | "
           "unslowed | loss change |")
     print("|---:|:---|---:|---:|---:|---:|---:|---:|")
+    verdicts = []
     for k in range(args.repeats):
         for path in ("groups", "sync"):
             slowed, unslowed = runs[f"{path}_slowed"][k], runs[f"{path}_unslowed"][k]
             a, b = group0_s(slowed), group0_s(unslowed)
             print(f"| {k + 1} | {path} | {a:.2f} | {b:.2f} | {b / a:.3f} | "
                   f"{loss_change(result(slowed), result(unslowed))} |")
+            if path == "groups":
+                verdicts.append(_verdicts(k, [("S1", b / a >= 0.90, f"group 0's tokens/s {b / a:.3f} of unslowed")]))
+    print(RULE + "\n".join(verdicts))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -215,8 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grace", type=float, default=0.2, help="--kind slow: train.grace_s of the groups runs")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary folder)")
+    parser.add_argument("--report", action="store_true",
+                        help="run nothing: print the tables again from the sweeps an earlier run left in --out")
     parser.add_argument("overrides", nargs="*", help="more launcher overrides for every command (train=learn)")
     args = parser.parse_args(argv)
+    if args.report and args.out is None:
+        parser.error("--report reads the sweeps of an earlier run: name their folder with --out")
     with tempfile.TemporaryDirectory() as tmp:
         (kill if args.kind == "kill" else slow)(args, args.out or Path(tmp))
 
