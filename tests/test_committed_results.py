@@ -175,10 +175,13 @@ def test_each_sweep_run_from_a_dirty_tree_is_said_to_be_so_where_it_is_described
 def test_every_committed_sweep_has_a_readme():
     """A sweep has a README of its own, or its cluster folder's README (results/testbed/, a testbed shape's) names
     its folder (`name/`) where it describes it, or heads a section with it."""
-    def named(where: str) -> bool:
-        cluster, name = where.split("/")
-        readme = RESULTS / cluster / "README.md"
-        return readme.exists() and any(f in readme.read_text() for f in (f"`{name}/`", f"## {name}:"))
+    def named(where: str) -> bool:  # by the README of a folder above it, naming the first folder below that one
+        parts = where.split("/")
+        for depth in range(1, len(parts)):
+            readme, name = RESULTS.joinpath(*parts[:depth]) / "README.md", parts[depth]
+            if readme.exists() and any(f in readme.read_text() for f in (f"`{name}/`", f"## {name}:")):
+                return True
+        return False
     assert [w for w in COMMITTED if not (RESULTS / w / "README.md").exists() and not named(w)] == []
 
 
@@ -268,3 +271,25 @@ def test_the_front_pages_step_time_bullet_includes_the_scaling_sweeps(sweep, kin
     quoted = (f"{kind} scaling {sum(abs(e) <= 0.2 for e in errors)} of {len(rows)} within ±20 % (worst "
               f"{worst * 100:+.1f} %, mean |error| {mean * 100:.1f} %)")
     assert quoted in " ".join((RESULTS / "README.md").read_text().split())
+
+
+STUDY = RESULTS / "testbed" / "fault_tolerance"
+STUDY_COMMANDS = {  # as its README gives them (the rule's section, committed before the runs)
+    "kill": "--cluster testbed --kind kill --nodes 4 --steps 640 --fault-step 240 --checkpoint-every 64 --repair-s 5",
+    "slow": "--cluster testbed --kind slow --nodes 4 --steps 160 --fault-step 60 --speed 0.5 --grace 0.2"}
+
+
+@pytest.mark.parametrize("kind", sorted(STUDY_COMMANDS))
+def test_the_fault_tolerance_study_quotes_its_tables_as_its_sweeps_give_them(kind, capsys):
+    """results/testbed/fault_tolerance/README.md: each row of the bench's tables, and each verdict on the registered
+    rule, is what `python -m bench.fault_tolerance ... --report` prints from the committed sweeps today."""
+    from bench import fault_tolerance
+
+    readme = (STUDY / "README.md").read_text()
+    assert STUDY_COMMANDS[kind] in " ".join(readme.replace("\\\n", " ").split())
+    fault_tolerance.main([*STUDY_COMMANDS[kind].split(), "--report", "--out", str(STUDY), "train=learn"])
+    printed = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith(("| 1 ", "| 2 ", "| 3 ", "- repeat ", "median time lost"))]
+    assert len(printed) >= 9, printed
+    for line in printed:
+        assert line in readme, line
