@@ -409,7 +409,7 @@ def test_a_lost_group_is_submitted_again_and_heals_while_the_others_train_on(tes
     assert [g["starts"] for g in entry["groups"]] == [1, 2, 1, 1], entry["groups"]
     result = RunResult.load(sweep / FT_RUN / "result.json")
     assert result.fault["healed_step"] > 10 and 0 < result.fault["fault_to_heal_s"] < 60, result.fault
-    assert not (sweep / FT_RUN / "group1" / "checkpoints").exists() or result.resumed_from_step == 0
+    assert result.resumed_from_step == 0  # no checkpoint read: the group healed from a live peer
     rows = [json.loads(line) for line in (sweep / FT_RUN / "group0" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 61))
     gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
