@@ -130,6 +130,22 @@ def _trainer(spec, rank, group, address, start):
                                                                         seat=Seat(group, address, start)))
 
 
+def _forget_manager(trainer, rank) -> None:
+    """End a trainer's life in this process. A restarted group gets fresh processes and a fresh store; here the next
+    life shares this one, where rank 0's torchft manager left its address: the next life's rank 1 must not read it
+    before rank 0 has written its new one."""
+    import torch.distributed as dist
+    from torchft.manager import MANAGER_ADDR_KEY
+
+    store = trainer.fedavg.manager._store
+    trainer.fedavg.close()
+    trainer.watchdog.close()
+    dist.barrier()
+    if rank == 0:
+        store.delete_key(MANAGER_ADDR_KEY)
+    dist.barrier()
+
+
 def _group_rank(rank, world, group, address, restart_after, run_dir, train):
     """Train to STEPS; after `restart_after` steps group 1 drops its trainer and starts a fresh one (a group restarted
     from nothing), which heals as it joins. Returns (step, digest) after each average."""
@@ -141,8 +157,7 @@ def _group_rank(rank, world, group, address, restart_after, run_dir, train):
         if trainer.state.step % 2 == 0:
             seen.append(_digest(trainer))
         if group == 1 and trainer.state.step == restart_after:
-            trainer.fedavg.close()
-            trainer.watchdog.close()
+            _forget_manager(trainer, rank)
             trainer = _trainer(spec, rank, group, address, 1)
             trainer.restore()
             seen.append(["healed", *_digest(trainer)])
