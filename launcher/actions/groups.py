@@ -40,9 +40,11 @@ class GroupJobs:
         self.entry.clear_groups()  # a failed attempt's ready marks must not let this one's first quorum start early
         cluster = scheduler.cluster
         self.lighthouse = self.entry.lighthouse(cluster.lighthouse_host or socket.getfqdn(), folder / "lighthouse.log")
+        self.jobs: list = []
         try:
-            self.jobs = [self._submit(g) for g in range(self.F)]
-        except BaseException:
+            for group in range(self.F):
+                self.jobs.append(self._submit(group))
+        except BaseException:  # the groups submitted before the refusal do not train on without the others
             self.cancel()
             raise
 
@@ -107,7 +109,7 @@ class GroupJobs:
         return sorted({n for job in self.jobs for n in self.scheduler.nodes(job) or []})
 
     def cancel(self, check: bool = False) -> None:
-        for group, job in enumerate(getattr(self, "jobs", [])):
+        for group, job in enumerate(self.jobs):
             if group not in self.ended:
                 job.cancel(check=False)
         self.lighthouse.stop()
