@@ -187,8 +187,11 @@ class Peaks:
     def phase(self, name: str, watch: Watch):
         # the tracker keeps one running peak, which its reset_mod_stats leaves: start it from what is held now, once
         # garbage awaiting the cycle collector is gone (when it runs depends on the process's history: a real
-        # run's eval was once seen to start 2.1 MB higher than the same run's alone)
-        gc.collect(1)  # the young generations, what the phase before left: a full collection made tests 60 % slower
+        # run's eval was seen to start 2.1 MB higher than the same run's alone, twice in eight whole suites, with
+        # only the young generations collected). Before each phase the young generations, what the phase before left
+        # (a full collection before every phase made tests 60 % slower); before the evaluation, once, everything:
+        # training's cycles may have reached the oldest generation by then.
+        gc.collect(2 if name == "eval" else 1)
         self.tracker._peak_mem = {dev: snap["Total"] for dev, snap in self.tracker.get_tracker_snapshot().items()}
         watch.phase = name
         yield
