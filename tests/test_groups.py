@@ -35,10 +35,14 @@ def _launch(tmp_path, *overrides, run=RUN):
     return sweep, sweep / run
 
 
-@pytest.mark.parametrize("outer", [[], ["train.outer=diloco", "train.outer_lr=0.7", "train.outer_momentum=0.9"]],
-                         ids=["fedavg", "diloco"])
-def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path, outer):
-    _, run_dir = _launch(tmp_path, "sweep.train.steps=12", *outer)
+@pytest.mark.parametrize("extra", [[], ["train.outer=diloco", "train.outer_lr=0.7", "train.outer_momentum=0.9"],
+                                   ["train.tp=2"], ["train.pp=2", "train.microbatches=2"]],
+                         ids=["fedavg", "diloco", "tp2", "pp2"])
+def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path, extra):
+    """Each group a world of its own, with tensor or pipeline parallelism inside it too (a group's mesh is the
+    run's with fed of size 1, train.parallel.mesh.build_group)."""
+    sweep, _ = _launch(tmp_path, "sweep.train.steps=12", *extra)
+    [run_dir] = [p.parent for p in sweep.glob("*/spec.json")]
     reference = uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")  # the same spec in one world
     group0, group1, one = losses(run_dir / "group0"), losses(run_dir / "group1"), losses(tmp_path / "reference")
     assert [r[0::2] for r in group0] == [r[0::2] for r in group1] == [r[0::2] for r in one]  # steps, averages
@@ -146,10 +150,10 @@ def _forget_manager(trainer, rank) -> None:
     dist.barrier()
 
 
-def _group_rank(rank, world, group, address, restart_after, run_dir, train):
+def _group_rank(rank, world, group, address, restart_after, run_dir, over):
     """Train to STEPS; after `restart_after` steps group 1 drops its trainer and starts a fresh one (a group restarted
     from nothing), which heals as it joins. Returns (step, digest) after each average."""
-    spec = RunSpec.from_dict({**SPEC, "out_dir": run_dir, "train": {**SPEC["train"], **train}})
+    spec = RunSpec.from_dict({**SPEC, **over, "out_dir": run_dir, "train": {**SPEC["train"], **over.get("train", {})}})
     seen, trainer = [], _trainer(spec, rank, group, address, 0)
     trainer.restore()
     while trainer.state.step < STEPS:
@@ -167,14 +171,15 @@ def _group_rank(rank, world, group, address, restart_after, run_dir, train):
     return seen
 
 
-@pytest.mark.parametrize("train", [{}, {"outer": "diloco", "outer_lr": 0.7, "outer_momentum": 0.9}],
-                         ids=["fedavg", "diloco"])
-def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path, train):
-    """With DiLoCo the healed group also holds its peer's synchronized copy and outer momentum."""
+@pytest.mark.parametrize("over", [{}, {"train": {"outer": "diloco", "outer_lr": 0.7, "outer_momentum": 0.9}},
+                                  {"S": 1, "train": {"tp": 2}}], ids=["fedavg", "diloco", "tp2"])
+def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path, over):
+    """With DiLoCo the healed group also holds its peer's synchronized copy and outer momentum; with tp = 2 each
+    rank its peer's tensor-parallel shards."""
     server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
     try:
         with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, server.address, 4, str(tmp_path), train),
+            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, server.address, 4, str(tmp_path), over),
                                 range(2)))
     finally:
         server.stop()

@@ -128,8 +128,8 @@ class RunSpec:
 
     def _check_groups(self) -> None:
         """What train.fault_tolerance=groups needs: federation groups to fail over between, a quorum they can form,
-        and the parts built for it so far (FedAvg or DiLoCo of fp32 parameters, whole, one stage, no tensor
-        parallelism, the same layout on a resume)."""
+        and the parts built for it so far (FedAvg or DiLoCo of fp32 parameters, whole, the same layout on a
+        resume)."""
         layout, t = self.layout, self.train
         if not self.federated:
             raise SpecError(f"train.fault_tolerance=groups makes each federation group a failure domain, but "
@@ -140,10 +140,9 @@ class RunSpec:
         unbuilt = [f"train.{k}={getattr(t, k)}" for k, v in (("aggregation_dtype", "fp32"), ("outer_fragments", 1),
                                                                ("outer_delay", 0), ("elastic", False))
                    if getattr(t, k) != v]
-        unbuilt += [f"train.{k}={n}" for k, n in (("pp", layout.P), ("tp", layout.T)) if n > 1]
         if unbuilt:
-            raise SpecError(f"train.fault_tolerance=groups is built for FedAvg or DiLoCo of fp32 parameters on FSDP or "
-                            f"HSDP groups; not yet with {', '.join(unbuilt)}")
+            raise SpecError(f"train.fault_tolerance=groups is built for FedAvg or DiLoCo of fp32 parameters, whole; "
+                            f"not yet with {', '.join(unbuilt)}")
 
     def _check_pipeline(self) -> None:
         """What the degrees ask of the train settings: microbatches that fill the pipeline and split its batch, a
