@@ -419,6 +419,37 @@ def test_a_lost_group_is_submitted_again_and_heals_while_the_others_train_on(tes
     assert len(final) == 1, final  # every group evaluates the one model they end on
 
 
+@pytest.mark.slow
+def test_a_fault_tolerant_run_whose_launcher_died_goes_again_from_its_groups_checkpoint(testbed, tmp_path):
+    """The Lighthouse of a fault-tolerant run lives in its launcher (launcher.actions.groups): once that launcher is
+    killed, its group jobs can no longer average. The next launcher cancels them and runs the run again, every group
+    from the newest step all of them checkpointed, each step logged once."""
+    _wait_idle()
+    sweep = tmp_path / "testbed" / "smoke"
+    command = [LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
+               "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=160", "train.fault_tolerance=groups",
+               "train.checkpoint_every=20", f"results_dir={tmp_path}"]
+    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        held = [sweep / FT_RUN / f"group{g}" / "checkpoints" / "step-000020" for g in range(4)]
+        wait_for(lambda: all(p.exists() for p in held), "every group's step-20 checkpoint",
+                 alive=lambda: first.poll() is None)
+    finally:
+        first.kill()  # SIGKILL: the launcher and, with it, the Lighthouse
+        first.wait()
+    again = lab(*command[1:], timeout=600, cwd=ROOT)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"cancelled {FT_RUN}'s group jobs" in again.stdout, again.stdout[-3000:]
+    entry = json.loads((sweep / "manifest.jsonl").read_text().splitlines()[-1])
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 2, entry
+    run_dir = sweep / FT_RUN
+    result = RunResult.load(run_dir / "result.json")
+    assert result.resumed_from_step >= 20 and result.resumed_from_step % 20 == 0, result.resumed_from_step
+    steps = [json.loads(line)["step"] for line in (run_dir / "group0" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 161))
+    assert lab("squeue", "-h").stdout.strip() == ""  # none of the first launcher's jobs is left
+
+
 def _shape_node_link(node: str, leaf: str, rate: str) -> None:
     """Change `node`'s link to its leaf switch (both ends) to `rate` (slurm/testbed/testbed.py's htb class 1:10)."""
     for ns, dev in ((f"fsb-{node}", "eth0"), (f"fsb-{leaf}", node)):
