@@ -147,10 +147,12 @@ class GroupFedAvg(FedAvg):
         params = [p for _, p in self.named_params()]
         moments = [{k: local(v).detach().clone() if torch.is_tensor(v) else v
                     for k, v in self.optimizer.state.get(p, {}).items()} for p in params]
-        outer = {} if self.outer is None else {"synced": [t.clone() for t in self.outer.synced],
-                                               "momentum": [t.clone() for t in self.outer.velocity]}
         return {"params": [local(p).detach().clone() for p in params], "moments": moments,
-                "train": self.train_state.state_dict(), "outer": outer}
+                "train": self.train_state.state_dict(), "outer": [t.clone() for t in self._outer_tensors()]}
+
+    def _outer_tensors(self) -> list[torch.Tensor]:
+        """DiLoCo's synchronized copy and momentum, in one order on every group; none for FedAvg."""
+        return [] if self.outer is None else [*self.outer.synced, *self.outer.velocity]
 
     def _load(self, state: dict) -> None:
         with torch.no_grad():
@@ -164,9 +166,8 @@ class GroupFedAvg(FedAvg):
                     if k not in mine:  # a moment is laid out as its parameter (a DTensor shard); a step is a scalar
                         mine[k] = torch.zeros_like(p) if v.dim() else v.clone()
                     local(mine[k]).copy_(v)
-            for key, mine in (("synced", "synced"), ("momentum", "velocity")):
-                for t, value in zip(getattr(self.outer, mine, []), state["outer"].get(key, [])):
-                    t.copy_(value)
+            for t, value in zip(self._outer_tensors(), state["outer"], strict=True):
+                t.copy_(value)
         dropped = self.trained_since * self.tokens_per_step  # this group's steps since its last average
         self.train_state.load_state_dict(state["train"])
         self.healed = True
