@@ -118,7 +118,7 @@ def test_sacct_records_a_failed_run_with_a_nonzero_exit_once(testbed, tmp_path):
     (NonFiniteError is not retried). A completed run's 0:0 is checked by the end-to-end test above."""
     _wait_idle()
     proc = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=1",
-               "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "train.lr=1e30", "retries=1",
+               "sweep.strategies=[fl_fsdp]", "sweep.nodes=[2]", "train.lr=1e30", "retries=1",
                f"results_dir={tmp_path}", timeout=900, cwd=ROOT)
     assert proc.returncode != 0 and "not retrying" in proc.stdout + proc.stderr, proc.stdout[-3000:]
     [failed] = map(json.loads, (tmp_path / "testbed" / "smoke" / "manifest.jsonl").read_text().splitlines())
@@ -189,10 +189,11 @@ def test_capture_script_snapshot_plans_like_the_live_cluster(testbed, tmp_path):
     assert [r["hostfile"] for r in plans[0]] == [r["hostfile"] for r in plans[1]]
 
 
-# 400 steps: after a scancel at step 20 the tasks run on for KillWait (10 s) ignoring SIGTERM; the 380 steps left
-# (about 15 s at the 40 ms a step measured here) must outlast it, or the cancelled job completes (seen at 200)
+# 200 steps: after a scancel at step 20 the tasks run on for KillWait (2 s) ignoring SIGTERM; the 180 steps left
+# (about 5 s at the 28 ms a step measured here) must outlast it, or the cancelled job completes (with KillWait 10 s
+# a cancelled run went on to step 200 before it was killed)
 RESUME_SWEEP = ["sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5", "sweep.strategies=[fl_fsdp]",
-                "sweep.nodes=[2]", "sweep.train.steps=400", "sweep.train.log_every=10", "train.checkpoint_every=20",
+                "sweep.nodes=[2]", "sweep.train.steps=200", "sweep.train.log_every=10", "train.checkpoint_every=20",
                 "train.stop_check_every=1", "retries=1"]
 RESUME_RUN = "fl_fsdp-F2-R1-S2-A2"
 
@@ -329,13 +330,13 @@ SHRINK_RUN = "fl_fsdp-F4-R1-S2-A2"
 def test_a_node_lost_mid_run_shrinks_the_federation_and_the_loss_curve_goes_on(testbed, tmp_path):
     """retry_shrink: tb4 goes down after the step-20 checkpoint; SLURM requeues the job, which would wait for
     tb4; the launcher cancels it and resumes the run from its checkpoint on 3 federation groups. The tasks
-    train on for KillWait (10 s, ~50 steps here) after the node goes down: 160 steps keep the run from ending
+    train on for KillWait (2 s, ~10 steps here) after the node goes down: 120 steps keep the run from ending
     first on a faster machine."""
     _wait_idle()
     sweep = tmp_path / "testbed" / "smoke"
     launcher = subprocess.Popen(
         [LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
-         "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=160", "sweep.train.log_every=10",
+         "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=120", "sweep.train.log_every=10",
          "train.checkpoint_every=20", "train.stop_check_every=1", "retries=1", "retry_shrink=true",
          f"results_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -357,12 +358,12 @@ def test_a_node_lost_mid_run_shrinks_the_federation_and_the_loss_curve_goes_on(t
     [change] = result.layout_changes
     assert change["at_step"] >= 20 and change["streams_dropped"] == 2
     logged = losses(sweep / SHRINK_RUN)
-    assert [step for step, _, _ in logged] == list(range(1, 161))  # every step logged once, across both attempts
+    assert [step for step, _, _ in logged] == list(range(1, 121))  # every step logged once, across both attempts
     curve = {step: loss for step, loss, _ in logged}
     resumed = change["at_step"] + 1
     # No jump back to the initial loss: the first step on 3 groups is nearer the loss before the shrink.
     assert abs(curve[resumed] - curve[resumed - 1]) < abs(curve[resumed] - curve[1])
-    print("loss across the shrink:", {s: round(curve[s], 3) for s in (1, resumed - 1, resumed, 160)})
+    print("loss across the shrink:", {s: round(curve[s], 3) for s in (1, resumed - 1, resumed, 120)})
     assert "(4,1,2) → (3,1,2)*" in (sweep / "table3.md").read_text() and "lost node(s) tb4" in out
 
 
@@ -427,7 +428,7 @@ def test_a_fault_tolerant_run_whose_launcher_died_goes_again_from_its_groups_che
     _wait_idle()
     sweep = tmp_path / "testbed" / "smoke"
     command = [LAB, sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
-               "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=160", "train.fault_tolerance=groups",
+               "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=60", "train.fault_tolerance=groups",
                "train.checkpoint_every=20", f"results_dir={tmp_path}"]
     first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -446,7 +447,7 @@ def test_a_fault_tolerant_run_whose_launcher_died_goes_again_from_its_groups_che
     result = RunResult.load(run_dir / "result.json")
     assert result.resumed_from_step >= 20 and result.resumed_from_step % 20 == 0, result.resumed_from_step
     steps = [json.loads(line)["step"] for line in (run_dir / "group0" / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 161))
+    assert steps == list(range(1, 61))
     assert lab("squeue", "-h").stdout.strip() == ""  # none of the first launcher's jobs is left
 
 

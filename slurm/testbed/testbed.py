@@ -140,8 +140,9 @@ SlurmctldTimeout=30
 SlurmdTimeout=30
 # Shorter than SLURM's defaults so tests do not idle; the launcher copes with any values: after scancel,
 # tasks (submitit ignores SIGTERM) may run on for KillWait s; a requeued job waits cred_expire s to restart,
-# then for the next scheduling pass (sched_interval).
-KillWait=10
+# then for the next scheduling pass (sched_interval). cred_expire stays 10: it is also how long a step's
+# credential lives, and a step launched on 2 busy cores may take seconds to start.
+KillWait=2
 # Preemption by partition priority, as sites run it: a preempted job is cancelled and ends PREEMPTED (the launcher
 # resubmits it; PreemptMode=REQUEUE would requeue it under its own id). With one partition nothing is ever
 # preempted; tests/test_testbed.py adds a higher-priority partition (scontrol create) for the test that preempts.
