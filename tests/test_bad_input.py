@@ -389,9 +389,9 @@ CASES = [
     ("quorum-min-above-F", launcher("sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups", "train.quorum_min=3"),
      "train.quorum_min=3 is above F=2: no average could ever gather that many federation groups", None),
     ("fault-tolerance-not-built-with", launcher("sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups",
-                                                "train.outer=diloco", "train.aggregation_dtype=int8"),
-     "train.fault_tolerance=groups is built for FedAvg or DiLoCo of fp32 parameters, whole; not yet with "
-     "train.aggregation_dtype=int8", None),
+                                                "train.outer=diloco", "train.elastic=true"),
+     "train.fault_tolerance=groups is built for FedAvg or DiLoCo of the whole model at each average; not yet with "
+     "train.elastic=True", None),
     ("fault-tolerance-pinned", launcher("cluster=leonardo", "action=plan", "sweep=paper_table3",
                                         "sweep.strategies=[fl_fsdp]", "train.fault_tolerance=groups",
                                         "cluster.placement=pinned"),

@@ -36,11 +36,13 @@ def _launch(tmp_path, *overrides, run=RUN):
 
 
 @pytest.mark.parametrize("extra", [[], ["train.outer=diloco", "train.outer_lr=0.7", "train.outer_momentum=0.9"],
-                                   ["train.tp=2"], ["train.pp=2", "train.microbatches=2"]],
-                         ids=["fedavg", "diloco", "tp2", "pp2"])
+                                   ["train.tp=2"], ["train.pp=2", "train.microbatches=2"],
+                                   ["train.aggregation_dtype=int8"]],
+                         ids=["fedavg", "diloco", "tp2", "pp2", "int8"])
 def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path, extra):
     """Each group a world of its own, with tensor or pipeline parallelism inside it too (a group's mesh is the
-    run's with fed of size 1, train.parallel.mesh.build_group)."""
+    run's with fed of size 1, train.parallel.mesh.build_group), or int8 pseudo-gradients on the quorum's links (each
+    group's weight 1/2 scales the int8 blocks exactly: the same values as one world's mean)."""
     sweep, _ = _launch(tmp_path, "sweep.train.steps=12", *extra)
     [run_dir] = [p.parent for p in sweep.glob("*/spec.json")]
     reference = uninterrupted_like(run_dir / "spec.json", tmp_path / "reference")  # the same spec in one world
@@ -55,8 +57,11 @@ def test_groups_as_separate_worlds_train_the_losses_of_one_world(tmp_path, extra
     assert all(g["merged_tokens"] == g["trained_tokens"] == result.tokens // 2 for g in result.groups)
 
 
-def test_a_lost_group_heals_from_its_peer_while_the_other_trains_on(tmp_path):
-    sweep, run_dir = _launch(tmp_path, "sweep.train.steps=40", "train.fault_step=9", "train.fault_group=1")
+@pytest.mark.parametrize("wire", ["fp32", "int8"])
+def test_a_lost_group_heals_from_its_peer_while_the_other_trains_on(tmp_path, wire):
+    """The same with int8 pseudo-gradients on the quorum's links (train.federation.groups' compressed exchange)."""
+    sweep, run_dir = _launch(tmp_path, "sweep.train.steps=40", "train.fault_step=9", "train.fault_group=1",
+                             f"train.aggregation_dtype={wire}")
     result = RunResult.load(run_dir / "result.json")
     group0, group1 = result.groups
     per_step = result.tokens // result.steps // 2  # one group's tokens per step
@@ -172,10 +177,11 @@ def _group_rank(rank, world, group, address, restart_after, run_dir, over):
 
 
 @pytest.mark.parametrize("over", [{}, {"train": {"outer": "diloco", "outer_lr": 0.7, "outer_momentum": 0.9}},
-                                  {"S": 1, "train": {"tp": 2}}], ids=["fedavg", "diloco", "tp2"])
+                                  {"S": 1, "train": {"tp": 2}}, {"train": {"aggregation_dtype": "bf16"}}],
+                         ids=["fedavg", "diloco", "tp2", "bf16"])
 def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path, over):
-    """With DiLoCo the healed group also holds its peer's synchronized copy and outer momentum; with tp = 2 each
-    rank its peer's tensor-parallel shards."""
+    """With DiLoCo (and with compressed FedAvg, DiLoCo at lr 1) the healed group also holds its peer's synchronized
+    copy and outer momentum; with tp = 2 each rank its peer's tensor-parallel shards."""
     server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
     try:
         with ThreadPoolExecutor(2) as pool:

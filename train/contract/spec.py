@@ -128,7 +128,7 @@ class RunSpec:
 
     def _check_groups(self) -> None:
         """What train.fault_tolerance=groups needs: federation groups to fail over between, a quorum they can form,
-        and the parts built for it so far (FedAvg or DiLoCo of fp32 parameters, whole, the same layout on a
+        and the parts built for it so far (FedAvg or DiLoCo, compressed or not, whole, the same layout on a
         resume)."""
         layout, t = self.layout, self.train
         if not self.federated:
@@ -137,12 +137,12 @@ class RunSpec:
         if t.quorum_min > layout.F:
             raise SpecError(f"train.quorum_min={t.quorum_min} is above F={layout.F}: no average could ever gather "
                             f"that many federation groups")
-        unbuilt = [f"train.{k}={getattr(t, k)}" for k, v in (("aggregation_dtype", "fp32"), ("outer_fragments", 1),
-                                                               ("outer_delay", 0), ("elastic", False))
+        unbuilt = [f"train.{k}={getattr(t, k)}" for k, v in (("outer_fragments", 1), ("outer_delay", 0),
+                                                               ("elastic", False))
                    if getattr(t, k) != v]
         if unbuilt:
-            raise SpecError(f"train.fault_tolerance=groups is built for FedAvg or DiLoCo of fp32 parameters, whole; "
-                            f"not yet with {', '.join(unbuilt)}")
+            raise SpecError(f"train.fault_tolerance=groups is built for FedAvg or DiLoCo of the whole model at each "
+                            f"average; not yet with {', '.join(unbuilt)}")
 
     def _check_pipeline(self) -> None:
         """What the degrees ask of the train settings: microbatches that fill the pipeline and split its batch, a

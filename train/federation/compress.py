@@ -12,6 +12,9 @@ most scale / 2 per encoding, and it is encoded twice (before and after the avera
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -50,14 +53,33 @@ def decode(payload: list[torch.Tensor], dtype: str) -> torch.Tensor:
 def mean_over(x: torch.Tensor, F: int, group, dtype: str) -> Exchange:
     """An exchange (train.federation.inflight) whose value is (the mean of `x` over the F ranks of `group`, in fp32; the
     bytes this rank sent). `x`: fp32, its length a multiple of F * BLOCK (`padded`)."""
+    return (yield from summed(x, F, dtype, over(group), divisor=F))
+
+
+def over(group) -> Collectives:
+    """The collectives of a torch.distributed process group, launched asynchronously."""
+    return Collectives(lambda out, inp: dist.all_to_all_single(out, inp, group=group, async_op=True),
+                       lambda out, inp: all_gather(out, inp, group=group, async_op=True))
+
+
+@dataclass(frozen=True)
+class Collectives:
+    """The two collectives an encoded exchange runs, each launched asynchronously and returning its Work: a process
+    group's (`over`), or a torchft quorum's (train.federation.groups), whose members change between rounds."""
+    all_to_all: Callable[[torch.Tensor, torch.Tensor], dist.Work]  # (output, input), equal pieces
+    all_gather: Callable[[torch.Tensor, torch.Tensor], dist.Work]  # (output, input) into one tensor
+
+
+def summed(x: torch.Tensor, F: int, dtype: str, via: Collectives, divisor: float = 1) -> Exchange:
+    """An exchange whose value is (the sum of `x` over the F ranks `via` reaches, added in fp32 and divided by
+    `divisor`; the bytes this rank sent). `x`: fp32, its length a multiple of F * BLOCK (`padded`)."""
     sent = encode(x, dtype)
     received = [torch.empty_like(t) for t in sent]
-    yield from launched(lambda: [dist.all_to_all_single(out, inp, group=group, async_op=True)
-                                 for out, inp in zip(received, sent)])
-    mine = decode(received, dtype).view(F, -1).sum(dim=0).div_(F)
+    yield from launched(lambda: [via.all_to_all(out, inp) for out, inp in zip(received, sent)])
+    mine = decode(received, dtype).view(F, -1).sum(dim=0).div_(divisor)
     back = encode(mine, dtype)
     gathered = [t.new_empty(F * t.numel()) for t in back]
-    yield from launched(lambda: [all_gather(out, inp, group=group, async_op=True) for out, inp in zip(gathered, back)])
+    yield from launched(lambda: [via.all_gather(out, inp) for out, inp in zip(gathered, back)])
     nbytes = sum(t.numel() * t.element_size() for t in sent) * (F - 1) // F \
         + sum(t.numel() * t.element_size() for t in back) * (F - 1)
     return decode(gathered, dtype), nbytes

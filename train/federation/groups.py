@@ -16,7 +16,10 @@ each group's world: the layouts are equal), weighted by the tokens each group tr
 group that just healed holds a copy and weighs 0), summed in fp32, and writes the average back only when every group
 commits (torchft's should_commit: no rank of any group failed in the exchange) and it is finite. With
 train.outer=diloco the outer step then runs on that average (train.federation.outer's, on this group's synchronized
-copy and momentum, which a healing group copies too).
+copy and momentum, which a healing group copies too). With train.aggregation_dtype bf16 or int8 the token-weighted
+pseudo-gradients travel instead, encoded, and are added in fp32 by the quorum member that owns each piece
+(train.federation.compress, over the process group torchft rebuilds for each quorum); the outer step (lr 1, momentum
+0 for FedAvg) runs on their sum.
 """
 from __future__ import annotations
 
@@ -28,8 +31,11 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
+from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
+from train.federation import compress
 from train.federation.federated import FedAvg
+from train.federation.inflight import run
 from train.federation.outer import DiLoCo, OuterStep
 from train.parallel.parallelize import local
 
@@ -43,6 +49,9 @@ class GroupFedAvg(FedAvg):
         after each average (None: FedAvg)."""
         L, t = spec.layout, spec.train
         super().__init__(model, optimizer, mesh, L.A, t.average_optimizer_state)
+        self.wire = t.aggregation_dtype
+        if outer is None and self.wire != "fp32":  # compressed FedAvg is DiLoCo at lr 1, momentum 0
+            outer = OuterStep(1, 0)
         # DiLoCo: its synchronized copy, momentum and outer step (its own averaging, over a fed dimension of 1, unused)
         self.outer = DiLoCo(model, optimizer, mesh, L.A, outer) if outer is not None else None
         self.groups = L.F  # in the run (this rank's mesh holds one: its own)
@@ -62,8 +71,9 @@ class GroupFedAvg(FedAvg):
         wait, lighthouse = timedelta(seconds=t.timeout_s), seat.lighthouse
         # where peers reach this group: loopback when the Lighthouse is (cluster=local), else this node's name
         host = "127.0.0.1" if urlparse(lighthouse).hostname == "127.0.0.1" else socket.gethostname()
+        self.quorum = ProcessGroupGloo(timeout=wait)  # torchft reconfigures it over each round's quorum
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=wait), load_state_dict=self._load, state_dict=self._state,
+            pg=self.quorum, load_state_dict=self._load, state_dict=self._state,
             min_replica_size=t.quorum_min, use_async_quorum=False, rank=dist.get_rank(),
             world_size=dist.get_world_size(), replica_id=f"group{seat.group}", lighthouse_addr=lighthouse, timeout=wait,
             quorum_timeout=wait, init_sync=False, hostname=host, checkpoint_transport=_transport(host, wait))
@@ -103,15 +113,24 @@ class GroupFedAvg(FedAvg):
         # one, and this group's weight in the sums
         total = total.item()
         self.event_bytes = 0
-        sums = self._weighted_sums(own / total) if total > 0 else []
+        exchanged = [] if total == 0 else \
+            self._compressed_means(own / total) if self.wire != "fp32" else self._weighted_sums(own / total)
         if self.manager.should_commit():  # once per round: no rank of any group in the quorum failed in it
-            self._write_back(sums)
-            if self.outer is not None and sums:  # nothing trained (a closing round): no outer step either
-                self.outer.outer_step_from_average()
+            self._apply(exchanged)  # nothing trained (a closing round): nothing moves
             self.merged_tokens += own * self.tokens_per_step
             if groups < self.groups and not self.closing:
                 self.short_rounds.append({"step": step, "groups": groups})
         self.clock.span(start, self.clock.mark())
+
+    def _apply(self, exchanged: list) -> None:
+        """The committed round's average into the parameters, and DiLoCo's outer step on it."""
+        if self.wire != "fp32":
+            for index, mean, delta in exchanged:
+                self.outer.step_on_mean(index, mean, delta)
+            return
+        self._write_back(exchanged)
+        if self.outer is not None and exchanged:
+            self.outer.outer_step_from_average()
 
     @torch.no_grad()
     def _weighted_sums(self, weight: float) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
@@ -123,6 +142,29 @@ class GroupFedAvg(FedAvg):
             self.event_bytes += 2 * flat.numel() * flat.element_size()
             sums.append((chunk, flat))
         return sums
+
+    @torch.no_grad()
+    def _compressed_means(self, weight: float) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+        """(a chunk's tensor indices, the quorum's weighted mean of its pseudo-gradients, this group's weighted one),
+        chunk by chunk: weight x (synced - local) travels encoded as train.aggregation_dtype and is added in fp32
+        (train.federation.compress) over the quorum's process group. A peer lost in the exchange is reported to
+        torchft, whose should_commit then drops the round in every group."""
+        chunks, deltas = self.outer.pseudo_gradients(list(range(len(self.outer.synced))), self.quorum.size())
+        via = compress.Collectives(
+            lambda out, inp: self.quorum.alltoall_base(out, inp, [], [], AllToAllOptions()),
+            lambda out, inp: self.quorum.allgather_into_tensor_coalesced([out], [inp], AllgatherOptions()))
+        means = []
+        for index, delta in zip(chunks, deltas):
+            if self.manager.errored() is not None:  # an earlier exchange of this round failed: nothing to commit
+                return []
+            try:
+                mean, sent = run(compress.summed(delta.mul_(weight), self.quorum.size(), self.wire, via))
+            except Exception as error:  # noqa: BLE001 (what torchft's own allreduce does: the round is dropped)
+                self.manager.report_error(error)
+                return []
+            self.event_bytes += sent
+            means.append((index, mean, delta))
+        return means
 
     @torch.no_grad()
     def _write_back(self, sums: list[tuple[list[torch.Tensor], torch.Tensor]]) -> None:

@@ -136,20 +136,26 @@ class DiLoCo(FedAvg):
         if not self.checked:
             self.check_alignment(contents=False)
         self.event_bytes = 0
-        params = [local(p) for _, p in self.named_params()]
-        chunks, own, taken = [], [], 0
-        with torch.no_grad():
-            for chunk in self._chunks([self.synced[i] for i in indices]):
-                index, taken = indices[taken:taken + len(chunk)], taken + len(chunk)
-                size = sum(self.synced[i].numel() for i in index)
-                delta = params[index[0]].new_zeros(compress.padded(size, self.F * self.R), dtype=torch.float32)
-                torch.cat([(self.synced[i].to(params[i].device, non_blocking=True) - params[i].float()).reshape(-1)
-                           for i in index], out=delta[:size])
-                chunks.append(index)
-                own.append(delta)
+        chunks, own = self.pseudo_gradients(indices, self.F * self.R)
         shares = [delta.view(self.R, -1)[self.replica] for delta in own]  # the whole of each without replicas
         self.pending = Exchange(chunks, own, InFlight(self._exchange(shares), self.clock),
                                 (steps_done or 0) + self.delay)
+
+    @torch.no_grad()
+    def pseudo_gradients(self, indices: list[int], pieces: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+        """The tensors `indices` in chunks (their indices) and each chunk's synced - local in fp32, zero-padded to
+        a length that cuts into `pieces` pieces of whole int8 blocks (train.federation.compress.padded)."""
+        params = [local(p) for _, p in self.named_params()]
+        chunks, own, taken = [], [], 0
+        for chunk in self._chunks([self.synced[i] for i in indices]):
+            index, taken = indices[taken:taken + len(chunk)], taken + len(chunk)
+            size = sum(self.synced[i].numel() for i in index)
+            delta = params[index[0]].new_zeros(compress.padded(size, pieces), dtype=torch.float32)
+            torch.cat([(self.synced[i].to(params[i].device, non_blocking=True) - params[i].float()).reshape(-1)
+                       for i in index], out=delta[:size])
+            chunks.append(index)
+            own.append(delta)
+        return chunks, own
 
     def _exchange(self, own: list[torch.Tensor]) -> Stages:
         """The mean over the groups of this replica's share of each pseudo-gradient chunk, side by side."""
@@ -176,25 +182,33 @@ class DiLoCo(FedAvg):
                 if self.R > 1:  # every replica averaged its share: put them together
                     mean = torch.empty_like(own)
                     all_gather(mean, share, group=self.rep_group)
-                # a non-finite mean (some group's values went NaN or inf) moves nothing: the next comparison of
-                # the ranks' non-finite notes stops the run (train.federation.federated)
-                mean = torch.where(torch.isfinite(mean).all(), mean, torch.zeros_like(mean))
-                sizes = [self.synced[i].numel() for i in index]
-                pieces = zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes))
-                for i, d, mine in pieces:
-                    p = params[i]
-                    s, m = self._fetch(i, p.device)
-                    d = d.view_as(s)
-                    # keep what the steps since the launch did locally: p += new - (synced - own)
-                    moved = mine.view_as(s) - s if self.delay else None
-                    m.mul_(self.momentum).add_(d)
-                    s.add_(d, alpha=-self.lr).add_(m, alpha=-self.lr * self.momentum)  # s - lr (d + mu m)
-                    if moved is None:
-                        p.copy_(s)
-                        s.copy_(p)  # what every group starts from: rounded to the parameters' dtype
-                    else:
-                        p.copy_(p.float().add_(moved.add_(s)))
-                    self._store(i, s, m)
+                self.step_on_mean(index, mean, own, params)
+
+    @torch.no_grad()
+    def step_on_mean(self, index: list[int], mean: torch.Tensor, own: torch.Tensor,
+                     params: list[torch.Tensor] | None = None) -> None:
+        """The outer step of the tensors `index` (a chunk) on `mean`, the groups' mean pseudo-gradient of the chunk;
+        `own`: this group's own pseudo-gradient at the launch (a delayed exchange keeps what the steps since then
+        did locally)."""
+        params = params or [local(p) for _, p in self.named_params()]
+        # a non-finite mean (some group's values went NaN or inf) moves nothing: the next comparison of
+        # the ranks' non-finite notes stops the run (train.federation.federated)
+        mean = torch.where(torch.isfinite(mean).all(), mean, torch.zeros_like(mean))
+        sizes = [self.synced[i].numel() for i in index]
+        for i, d, mine in zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes)):
+            p = params[i]
+            s, m = self._fetch(i, p.device)
+            d = d.view_as(s)
+            # keep what the steps since the launch did locally: p += new - (synced - own)
+            moved = mine.view_as(s) - s if self.delay else None
+            m.mul_(self.momentum).add_(d)
+            s.add_(d, alpha=-self.lr).add_(m, alpha=-self.lr * self.momentum)  # s - lr (d + mu m)
+            if moved is None:
+                p.copy_(s)
+                s.copy_(p)  # what every group starts from: rounded to the parameters' dtype
+            else:
+                p.copy_(p.float().add_(moved.add_(s)))
+            self._store(i, s, m)
 
     def outer_step_from_average(self) -> None:
         """After FedAvg put the average a in the parameters: m <- mu m + (synced - a), then parameters <-
