@@ -197,10 +197,11 @@ def test_a_killed_task_is_retried_and_the_run_completes(tmp_path):
 
 @pytest.mark.slow
 def test_two_launchers_cannot_share_a_sweep_directory(tmp_path):
-    first = subprocess.Popen([sys.executable, "-m", "launcher", *SMOKE, f"results_dir={tmp_path}"], env=_env(),
+    one_run = [*SMOKE, "sweep.strategies=[fsdp]", f"results_dir={tmp_path}"]  # the lock is the sweep's, whatever runs
+    first = subprocess.Popen([sys.executable, "-m", "launcher", *one_run], env=_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert first.stdout.readline().startswith("submitted ")  # the first one holds the lock now
-    second = _launcher(*SMOKE, f"results_dir={tmp_path}")
+    second = _launcher(*one_run)
     assert second.returncode == 2 and "another launcher (pid" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
     assert first.wait(timeout=600) == 0  # and the first one was not disturbed
