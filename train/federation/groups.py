@@ -150,9 +150,10 @@ class GroupFedAvg(FedAvg):
         (train.federation.compress) over the quorum's process group. A peer lost in the exchange is reported to
         torchft, whose should_commit then drops the round in every group."""
         chunks, deltas = self.outer.pseudo_gradients(list(range(len(self.outer.synced))), self.quorum.size())
-        via = compress.Collectives(
+        via = compress.Collectives(  # the two of them gloo also runs on CUDA tensors
             lambda out, inp: self.quorum.alltoall_base(out, inp, [], [], AllToAllOptions()),
-            lambda out, inp: self.quorum.allgather_into_tensor_coalesced([out], [inp], AllgatherOptions()))
+            lambda out, inp: self.quorum.allgather([list(out.view(-1, inp.numel()).unbind(0))], [inp],
+                                                   AllgatherOptions()))
         means = []
         for index, delta in zip(chunks, deltas):
             if self.manager.errored() is not None:  # an earlier exchange of this round failed: nothing to commit
