@@ -108,6 +108,9 @@ def test_a_slow_group_does_not_stall_the_others_and_ends_healed_to_their_model(t
     assert slow["late_heals"] >= 1 and slow["heals"][-1]["step"] == 40 and slow["merged_tokens"] < result.tokens // 4
     ppl = {RunResult.load(run_dir / f"group{g}" / "result.json").eval_ppl for g in range(4)}
     assert ppl == {result.eval_ppl}, ppl  # one model, whichever group evaluates it
+    # the rounds after the last step, which only wait for the slow group, send nothing and leave the bytes of the
+    # last average that did: each group sends its fp32 shards twice (a ring all-reduce's volume at most)
+    assert result.aggregation_bytes == 2 * 4 * result.params, (result.aggregation_bytes, result.params)
 
 
 # ---- healing, bit for bit: two groups driven step by step in one test process

@@ -112,9 +112,10 @@ class GroupFedAvg(FedAvg):
         # read on the host, once per average (a step that aggregates): whether anything was trained since the last
         # one, and this group's weight in the sums
         total = total.item()
-        self.event_bytes = 0
-        exchanged = [] if total == 0 else \
-            self._compressed_means(own / total) if self.wire != "fp32" else self._weighted_sums(own / total)
+        exchanged = []
+        if total > 0:  # a closing round (nothing trained) sends nothing: the last event's bytes stand
+            self.event_bytes = 0
+            exchanged = self._compressed_means(own / total) if self.wire != "fp32" else self._weighted_sums(own / total)
         if self.manager.should_commit():  # once per round: no rank of any group in the quorum failed in it
             self._apply(exchanged)  # nothing trained (a closing round): nothing moves
             self.merged_tokens += own * self.tokens_per_step
