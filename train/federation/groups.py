@@ -150,6 +150,8 @@ class GroupFedAvg(FedAvg):
         chunk by chunk: weight x (synced - local) travels encoded as train.aggregation_dtype and is added in fp32
         (train.federation.compress) over the quorum's process group. A peer lost in the exchange is reported to
         torchft, whose should_commit then drops the round in every group."""
+        if self.manager.errored() is not None:  # the round already failed (its quorum or weights): nothing travels
+            return []
         chunks, deltas = self.outer.pseudo_gradients(list(range(len(self.outer.synced))), self.quorum.size())
         via = compress.Collectives(  # the two of them gloo also runs on CUDA tensors
             lambda out, inp: self.quorum.alltoall_base(out, inp, [], [], AllToAllOptions()),
@@ -157,8 +159,6 @@ class GroupFedAvg(FedAvg):
                                                    AllgatherOptions()))
         means = []
         for index, delta in zip(chunks, deltas):
-            if self.manager.errored() is not None:  # an earlier exchange of this round failed: nothing to commit
-                return []
             try:
                 mean, sent = run(compress.summed(delta.mul_(weight), self.quorum.size(), self.wire, via))
             except Exception as error:  # noqa: BLE001 (what torchft's own allreduce does: the round is dropped)
