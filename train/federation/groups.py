@@ -126,8 +126,9 @@ class GroupFedAvg(FedAvg):
     def _apply(self, exchanged: list) -> None:
         """The committed round's average into the parameters, and DiLoCo's outer step on it."""
         if self.wire != "fp32":
-            for index, mean, delta in exchanged:
-                self.outer.step_on_mean(index, mean, delta)
+            params = [local(p) for _, p in self.named_params()]
+            for index, mean in exchanged:
+                self.outer.step_on_mean(index, mean, None, params)
             return
         self._write_back(exchanged)
         if self.outer is not None and exchanged:
@@ -145,14 +146,15 @@ class GroupFedAvg(FedAvg):
         return sums
 
     @torch.no_grad()
-    def _compressed_means(self, weight: float) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
-        """(a chunk's tensor indices, the quorum's weighted mean of its pseudo-gradients, this group's weighted one),
-        chunk by chunk: weight x (synced - local) travels encoded as train.aggregation_dtype and is added in fp32
+    def _compressed_means(self, weight: float) -> list[tuple[list[int], torch.Tensor]]:
+        """(a chunk's tensor indices, the quorum's weighted mean of its pseudo-gradients), chunk by chunk:
+        weight x (synced - local) travels encoded as train.aggregation_dtype and is added in fp32
         (train.federation.compress) over the quorum's process group. A peer lost in the exchange is reported to
         torchft, whose should_commit then drops the round in every group."""
         if self.manager.errored() is not None:  # the round already failed (its quorum or weights): nothing travels
             return []
-        chunks, deltas = self.outer.pseudo_gradients(list(range(len(self.outer.synced))), self.quorum.size())
+        members = self.quorum.size()  # the groups in this round's quorum
+        chunks, deltas = self.outer.pseudo_gradients(list(range(len(self.outer.synced))), members)
         via = compress.Collectives(  # the two of them gloo also runs on CUDA tensors
             lambda out, inp: self.quorum.alltoall_base(out, inp, [], [], AllToAllOptions()),
             lambda out, inp: self.quorum.allgather([list(out.view(-1, inp.numel()).unbind(0))], [inp],
@@ -160,12 +162,12 @@ class GroupFedAvg(FedAvg):
         means = []
         for index, delta in zip(chunks, deltas):
             try:
-                mean, sent = run(compress.summed(delta.mul_(weight), self.quorum.size(), self.wire, via))
+                mean, sent = run(compress.summed(delta.mul_(weight), members, self.wire, via))
             except Exception as error:  # noqa: BLE001 (what torchft's own allreduce does: the round is dropped)
                 self.manager.report_error(error)
                 return []
             self.event_bytes += sent
-            means.append((index, mean, delta))
+            means.append((index, mean))
         return means
 
     @torch.no_grad()

@@ -185,17 +185,17 @@ class DiLoCo(FedAvg):
                 self.step_on_mean(index, mean, own, params)
 
     @torch.no_grad()
-    def step_on_mean(self, index: list[int], mean: torch.Tensor, own: torch.Tensor,
-                     params: list[torch.Tensor] | None = None) -> None:
+    def step_on_mean(self, index: list[int], mean: torch.Tensor, own: torch.Tensor | None,
+                     params: list[torch.Tensor]) -> None:
         """The outer step of the tensors `index` (a chunk) on `mean`, the groups' mean pseudo-gradient of the chunk;
-        `own`: this group's own pseudo-gradient at the launch (a delayed exchange keeps what the steps since then
-        did locally)."""
-        params = params or [local(p) for _, p in self.named_params()]
+        `own`: this group's own pseudo-gradient at the launch, read only when the exchange was delayed (it keeps
+        what the steps since then did locally); `params`: the local shards of every parameter."""
         # a non-finite mean (some group's values went NaN or inf) moves nothing: the next comparison of
         # the ranks' non-finite notes stops the run (train.federation.federated)
         mean = torch.where(torch.isfinite(mean).all(), mean, torch.zeros_like(mean))
         sizes = [self.synced[i].numel() for i in index]
-        for i, d, mine in zip(index, mean[:sum(sizes)].split(sizes), own[:sum(sizes)].split(sizes)):
+        owns = own[:sum(sizes)].split(sizes) if self.delay else [None] * len(index)
+        for i, d, mine in zip(index, mean[:sum(sizes)].split(sizes), owns):
             p = params[i]
             s, m = self._fetch(i, p.device)
             d = d.view_as(s)
