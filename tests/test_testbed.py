@@ -190,8 +190,9 @@ def test_capture_script_snapshot_plans_like_the_live_cluster(testbed, tmp_path):
 
 
 # 200 steps: after a scancel at step 20 the tasks run on for KillWait (2 s) ignoring SIGTERM; the 180 steps left
-# (about 5 s at the 28 ms a step measured here) must outlast it, or the cancelled job completes (with KillWait 10 s
-# a cancelled run went on to step 200 before it was killed)
+# (about 10 s at the 55 ms median step of a whole suite here) must outlast it, or the cancelled job completes. In a
+# whole suite at a3fd18e the cancelled attempt checkpointed step 100 before it was killed (with KillWait 10 s and
+# 400 steps: step 200)
 RESUME_SWEEP = ["sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5", "sweep.strategies=[fl_fsdp]",
                 "sweep.nodes=[2]", "sweep.train.steps=200", "sweep.train.log_every=10", "train.checkpoint_every=20",
                 "train.stop_check_every=1", "retries=1"]
@@ -330,8 +331,8 @@ SHRINK_RUN = "fl_fsdp-F4-R1-S2-A2"
 def test_a_node_lost_mid_run_shrinks_the_federation_and_the_loss_curve_goes_on(testbed, tmp_path):
     """retry_shrink: tb4 goes down after the step-20 checkpoint; SLURM requeues the job, which would wait for
     tb4; the launcher cancels it and resumes the run from its checkpoint on 3 federation groups. The tasks
-    train on for KillWait (2 s, ~10 steps here) after the node goes down: 120 steps keep the run from ending
-    first on a faster machine."""
+    train on for KillWait (2 s, ~14 steps at the 145 ms median step of a whole suite here) after the node goes
+    down: 120 steps keep the run from ending first on a faster machine."""
     _wait_idle()
     sweep = tmp_path / "testbed" / "smoke"
     launcher = subprocess.Popen(
