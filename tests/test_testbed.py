@@ -422,6 +422,38 @@ def test_a_lost_group_is_submitted_again_and_heals_while_the_others_train_on(tes
 
 
 @pytest.mark.slow
+def test_a_lost_group_that_never_comes_back_is_left_out_once_the_others_end(testbed, tmp_path):
+    """Group 1's node goes DOWN after step 10 and stays down: its new job waits for a node while the other groups hold
+    the rest. They train to the end, wait train.timeout_s in their closing rounds, then leave together; the launcher
+    cancels group 1's job and ends the run with their model, group 1 left out (not a wait until the time limit)."""
+    _wait_idle()
+    sweep = tmp_path / "testbed" / "smoke"
+    try:
+        proc = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
+                   "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=30",
+                   "train.fault_tolerance=groups", "train.fault_step=10", "train.fault_group=1", "train.timeout_s=30",
+                   "retries=0", f"results_dir={tmp_path}", timeout=600, cwd=ROOT)
+    finally:
+        for node in _fault_downed(10):
+            lab("scontrol", "update", f"nodename={node}", "state=resume")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ended NODE_FAIL" in proc.stdout and "federation group 1 had not come back" in proc.stdout, proc.stdout
+    entry = json.loads((sweep / "manifest.jsonl").read_text().splitlines()[-1])
+    assert entry["state"] == "COMPLETED" and entry["attempts"] == 1, entry
+    result = RunResult.load(sweep / FT_RUN / "result.json")
+    assert [g["left_out"] for g in result.groups] == [False, True, False, False], result.groups
+    per_step = 2 * result.batch_per_rank * result.seq_len  # one group's (R x S = 2 ranks)
+    assert result.groups[1]["merged_tokens"] == 10 * per_step  # its steps up to its last average before the fault
+    assert result.resumed_from_step == 0 and result.steps == 30
+    final = {json.loads((sweep / FT_RUN / f"group{g}" / "evals.jsonl").read_text().splitlines()[-1])["eval_ppl"]
+             for g in (0, 2, 3)}
+    assert len(final) == 1, final  # the groups that ended hold one model
+    assert "federation group 1 killed after step 10" in (sweep / "table3.md").read_text()
+    assert "left out of the final model" in (sweep / "table3.md").read_text()
+    wait_for(lambda: lab("squeue", "-h").stdout.strip() == "", "group 1's cancelled job to leave the queue", 30)
+
+
+@pytest.mark.slow
 def test_a_fault_tolerant_run_whose_launcher_died_goes_again_from_its_groups_checkpoint(testbed, tmp_path):
     """The Lighthouse of a fault-tolerant run lives in its launcher (launcher.actions.groups): once that launcher is
     killed, its group jobs can no longer average. The next launcher cancels them and runs the run again, every group

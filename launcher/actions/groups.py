@@ -6,7 +6,9 @@ The launcher starts the run's torchft Lighthouse on the submitting host, where i
 result (a lost node: NODE_FAIL; a failed rank) is submitted again, at most GROUP_RESTARTS times, while another group
 still trains; the new job heals from a live peer at the next average. The jobs ask not to be requeued: the launcher
 resubmits a lost group at once, where SLURM's requeue would first wait cred_expire, and counts every restart itself.
-Once every group has ended well the run's result is merged from theirs (train.federation.accounting)."""
+Once every group has ended well the run's result is merged from theirs (train.federation.accounting); a lost group
+whose new job had not come back when the others ended (its node stays down, no other is free) is cancelled and left
+out of it."""
 from __future__ import annotations
 
 import socket
@@ -19,6 +21,7 @@ from launcher.submit import group_parameters
 from launcher.sweep import PlannedRun
 from train.contract import submitit_compat
 from train.contract.config import GROUP_RESTARTS, not_restarted
+from train.contract.result import RunResult
 from train.job import TrainJob
 
 RUNNING = ("RUNNING", "COMPLETING")
@@ -80,11 +83,27 @@ class GroupJobs:
             self._lost(group, job, state)
         if self.failure is not None:
             return True, "FAILED"
-        if len(self.ended) == self.F:
+        left_out = self._left_out()
+        if len(self.ended) + len(left_out) == self.F:
+            for group in left_out:
+                self.jobs[group].cancel(check=False)
+                print(f"{self.planned.run.run_id}: federation group {group} had not come back when the others ended "
+                      f"(train.timeout_s after their last step); cancelled its job {self.jobs[group].job_id} and left "
+                      f"it out", flush=True)
             self.lighthouse.stop()
-            self.entry.merge_groups(self.restarts)
+            self.entry.merge_groups(self.restarts, left_out)
             return True, "COMPLETED"
         return False, next((s for s in states if s in RUNNING), states[0] if states else "RUNNING")
+
+    def _left_out(self) -> list[int]:
+        """The lost groups the others stopped waiting for (train.federation.groups' closing rounds): once every group
+        but lost ones ended well, each having left a round that missed some, no peer is left for them to heal from."""
+        missing = [g for g in range(self.F) if g not in self.ended]
+        if not missing or not self.ended or any(self.starts[g] == 0 for g in missing):
+            return []
+        run_dir = Path(self.planned.run.spec.out_dir)
+        lives = [RunResult.load(run_dir / f"group{g}" / "result.json").groups[0] for g in self.ended]
+        return missing if all(life.get("left_out") for life in lives) else []
 
     def _ended_well(self, job) -> bool:
         """Every task of the group's job returned (submitit's result pickles): sacct's state may still say RUNNING."""

@@ -17,6 +17,9 @@ def achieved(result: RunResult, topo: Topology) -> dict:
     """{B_T, B_P, B_S, B_R, B_F, hierarchy_ok} in bytes/s, or {"unverifiable": reason} when nodes are not in the
     topology."""
     by_rank = {r.rank: r.where for r in result.ranks}
+    if len(by_rank) < result.world_size:
+        return {"unverifiable": f"{result.world_size - len(by_rank)} rank(s) left no record (a federation group "
+                                f"left out)"}
     hosts = [by_rank[k] for k in range(result.world_size)]
     outside = sorted({h for h in hosts if h not in topo.parent})
     if outside:

@@ -234,7 +234,8 @@ class RunResult:
     groups: list[dict] | None = _doc("train.fault_tolerance=groups: per federation group, its starts (1: never "
                                      "lost), its losses (when, why, the step it healed at, seconds from the fault "
                                      "to that heal, tokens lost), its heals, the averages it missed (short_rounds), "
-                                     "the tokens it trained and the tokens an average took in; null otherwise",
+                                     "the tokens it trained and the tokens an average took in, and left_out (lost, "
+                                     "and not back when the others ended: its job cancelled); null otherwise",
                                      default=None)
     goodput: float | None = _doc("train.fault_tolerance=groups: useful tokens (every group's steps that reached "
                                  "the final model, less those lost to faults and missed averages) / (world_size x "

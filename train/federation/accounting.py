@@ -21,18 +21,23 @@ from train.contract.spec import RunSpec
 from train.federation.lighthouse import clear_ready
 from train.runtime.fault import MARK
 
+NO_LIFE = {"heals": [], "short_rounds": [], "trained_tokens": 0, "merged_tokens": 0}  # a left-out group's last life
 
-def merge(spec: RunSpec, restarts: list[dict]) -> RunResult:
+
+def merge(spec: RunSpec, restarts: list[dict], left_out: list[int] = ()) -> RunResult:
     """The run's result from its groups' (written to <run>/result.json); `restarts`: the supervisor's record of each
-    group started again ({group, start, at, why})."""
+    group started again ({group, start, at, why}); `left_out`: lost groups that never came back (launcher.actions.
+    groups), whose last life wrote nothing: what reached an average before their loss still counts."""
     run_dir, L, t = Path(spec.out_dir), spec.layout, spec.train
-    parts = [RunResult.load(run_dir / f"group{g}" / "result.json") for g in range(L.F)]
+    ended = [g for g in range(L.F) if g not in left_out]
+    parts = [RunResult.load(run_dir / f"group{g}" / "result.json") for g in ended]
     per_step = L.R * L.S * t.batch_per_rank * t.seq_len  # one group's tokens per step
     fault = json.loads((run_dir / MARK).read_text()) if (run_dir / MARK).exists() else None
-    groups = [_group(g, part.groups[0], [r for r in restarts if r["group"] == g], fault, L.A, per_step)
-              for g, part in enumerate(parts)]
+    lives = dict(zip(ended, (part.groups[0] for part in parts)))
+    groups = [{**_group(g, lives.get(g, NO_LIFE), [r for r in restarts if r["group"] == g], fault, L.A, per_step),
+               "left_out": g in left_out} for g in range(L.F)]
     useful = sum(g["merged_tokens"] for g in groups)
-    base = next((p for p, g in zip(parts, groups) if g["starts"] == 1), parts[0])  # a group never lost
+    base = next((p for g, p in zip(ended, parts) if groups[g]["starts"] == 1), parts[0])  # a group never lost
     for name in ("metrics.jsonl", "evals.jsonl"):
         source = run_dir / f"group{base.groups[0]['group']}" / name
         if source.exists():
@@ -43,7 +48,7 @@ def merge(spec: RunSpec, restarts: list[dict]) -> RunResult:
     merged = dataclasses.replace(
         base, world_size=L.world, tokens_per_s_per_device=base.tokens_per_s / L.world,
         ranks=[RankRecord(**{**dataclasses.asdict(r), "rank": g * size + r.rank})
-               for g, p in enumerate(parts) for r in p.ranks],
+               for g, p in zip(ended, parts) for r in p.ranks],
         peak_memory_bytes=max(p.peak_memory_bytes for p in parts), train_time_s=train_time,
         aggregation_bytes=max(p.aggregation_bytes for p in parts),
         train_ppl=math.exp(sum(math.log(p.train_ppl) for p in parts) / len(parts)),  # each group's mean loss

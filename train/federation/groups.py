@@ -67,6 +67,8 @@ class GroupFedAvg(FedAvg):
         self.heals: list[dict] = []  # {step, at, dropped_tokens}: where this group took a peer's state
         self.last_round = 0  # groups in the last average this group took part in
         self.closing = False  # after the last step (finish): rounds that only wait for late groups
+        self.timeout_s = t.timeout_s  # how long closing rounds wait for a missing group
+        self.left_out = 0  # groups missing from the round the closing rounds ended with
         self.short_rounds: list[dict] = []  # {step, groups}: averages some group missed
         wait, lighthouse = timedelta(seconds=t.timeout_s), seat.lighthouse
         # where peers reach this group: loopback when the Lighthouse is (cluster=local), else this node's name
@@ -95,33 +97,42 @@ class GroupFedAvg(FedAvg):
     def finish(self) -> None:
         """After the last step: join averages (weight 0: nothing is trained any more) until one holds every group,
         so that a late group heals to the final model there instead of training on alone once the others have
-        left, and every group ends holding the same model."""
+        left, and every group ends holding the same model. A group still missing train.timeout_s after the first
+        closing round (its new job never started: its node stays down and no other is free) is left out: the groups
+        of that round agree to leave together, and the launcher cancels its job (launcher.actions.groups)."""
         self.closing = True
+        deadline = time.monotonic() + self.timeout_s
         while self.last_round < self.groups:
-            self.average()
+            if self.average(leave=time.monotonic() > deadline):
+                self.left_out = self.groups - self.last_round
+                return
 
-    def average(self) -> None:
+    def average(self, leave: bool = False) -> bool:
+        """One round over the quorum; True when it committed and some group in it asked to `leave` (its closing
+        rounds waited long enough for a missing group)."""
         start = self.clock.mark()
         self.manager.start_quorum()  # heals this group here (self._load) when it is behind
         own = 0 if self.healed else self.trained_since
         step = self.train_state.step
         self.healed, self.trained_since = False, 0
         groups = self.last_round = self.manager.num_participants()
-        total = torch.tensor([float(own)], dtype=torch.float64)
-        self.manager.allreduce(total, reduce_op=ReduceOp.SUM).wait()
+        asked = torch.tensor([float(own), float(leave)], dtype=torch.float64)
+        self.manager.allreduce(asked, reduce_op=ReduceOp.SUM).wait()
         # read on the host, once per average (a step that aggregates): whether anything was trained since the last
-        # one, and this group's weight in the sums
-        total = total.item()
+        # one, this group's weight in the sums, and whether a closing group asked to leave
+        total, leaving = asked.tolist()
         exchanged = []
         if total > 0:  # a closing round (nothing trained) sends nothing: the last event's bytes stand
             self.event_bytes = 0
             exchanged = self._compressed_means(own / total) if self.wire != "fp32" else self._weighted_sums(own / total)
-        if self.manager.should_commit():  # once per round: no rank of any group in the quorum failed in it
+        committed = self.manager.should_commit()  # once per round: no rank of any group in the quorum failed in it
+        if committed:
             self._apply(exchanged)  # nothing trained (a closing round): nothing moves
             self.merged_tokens += own * self.tokens_per_step
             if groups < self.groups and not self.closing:
                 self.short_rounds.append({"step": step, "groups": groups})
         self.clock.span(start, self.clock.mark())
+        return committed and leaving > 0
 
     def _apply(self, exchanged: list) -> None:
         """The committed round's average into the parameters, and DiLoCo's outer step on it."""
@@ -222,7 +233,7 @@ class GroupFedAvg(FedAvg):
     def summary(self) -> dict:
         """This group's part of result.json's `groups` (this process's life: a restarted group writes another)."""
         return {"trained_tokens": self.trained_tokens, "merged_tokens": self.merged_tokens, "heals": self.heals,
-                "short_rounds": self.short_rounds}
+                "short_rounds": self.short_rounds, "left_out": self.left_out}
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)

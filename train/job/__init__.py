@@ -44,11 +44,11 @@ class TrainJob:
 
         clear_ready(RunSpec.load(self.spec_path))
 
-    def merge_groups(self, restarts: list[dict]) -> RunResult:
-        """A fault-tolerant run's result from its groups' (train.federation.accounting)."""
+    def merge_groups(self, restarts: list[dict], left_out: list[int] = ()) -> RunResult:
+        """A fault-tolerant run's result from its groups' (train.federation.accounting), less the `left_out` ones."""
         from train.federation.accounting import merge
 
-        return merge(RunSpec.load(self.spec_path), restarts)
+        return merge(RunSpec.load(self.spec_path), restarts, left_out)
 
     def checkpoint(self, *args, **kwargs):
         """submitit calls this when the job is preempted or reaches its time limit: requeue the same job,
