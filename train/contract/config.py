@@ -170,7 +170,8 @@ class Timing:
     timing: str = key("phases", "phase boundaries as device events, read at log time: no barrier, no host sync",
                       one_of(TIMINGS))
     log_every: int = key(10, "steps between metric lines on stdout (metrics.jsonl has every step)", POSITIVE)
-    timeout_s: float = key(600.0, "process-group timeout for collectives", ABOVE_ZERO)
+    timeout_s: float = key(600.0, "process-group timeout for collectives; with fault_tolerance=groups also how "
+                            "long finished groups wait for a lost one before leaving it out", ABOVE_ZERO)
     watchdog_s: float = key(600.0, "a phase lasting longer fails the run, naming rank, phase and step", ABOVE_ZERO)
     profile: str = key("", "START:STOP: torch.profiler traces of steps START..STOP-1 (0-based), one per rank in "
                            "<run>/profile/ (Chrome/Perfetto); the profiled steps run slower")
