@@ -211,7 +211,7 @@ def _fault_note(f: dict) -> str:
     if f["kind"] == "slow":
         return (f"† {f['run_id']}: federation group {f['group']} ran at {f['speed']:g} of its speed from step "
                 f"{f['step']} on (train.fault_kind=slow); its time and throughput include it.")
-    if "healed_step" in f and f["healed_step"] is None:  # train.fault_tolerance=groups, the group never back
+    if f.get("left_out"):  # train.fault_tolerance=groups: the group never came back
         return (f"† {f['run_id']}: federation group {f['group']} killed after step {f['step']} (train.fault_step); "
                 f"the other groups went on, but it had not come back when they ended: its job was cancelled and it "
                 f"is left out of the final model (train.fault_tolerance=groups).")

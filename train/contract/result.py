@@ -150,7 +150,9 @@ class RunResult:
     fault: dict | None = _doc("the fault injected into this run (train.fault_step): its kind, step, federation group "
                               "and time (UTC), a slow one's speed; after a kill, the step the next attempt resumed "
                               "from, the steps and tokens trained again and the seconds from the fault to that "
-                              "resume (null: none struck)", default=None)
+                              "resume; with train.fault_tolerance=groups instead the step its group healed at, "
+                              "the seconds from the fault to that heal, the tokens lost and left_out (the group did "
+                              "not come back) (null: none struck)", default=None)
     aggregation_exchange_s: float = _doc("seconds the last attempt spent exchanging across groups in all, hidden "
                                          "behind training or not, timed where the exchange ran: device events on its "
                                          "stream on GPU, on CPU from launch to the first step end (or landing) "

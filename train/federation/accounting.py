@@ -67,7 +67,8 @@ def _fault(fault: dict | None, groups: list[dict]) -> dict | None:
     losses = groups[fault["group"]]["losses"]
     if fault["kind"] != "kill" or not losses:
         return seen
-    return {**seen, **{k: losses[0][k] for k in ("healed_step", "fault_to_heal_s", "tokens_lost")}}
+    return {**seen, **{k: losses[0][k] for k in ("healed_step", "fault_to_heal_s", "tokens_lost")},
+            "left_out": groups[fault["group"]]["left_out"]}
 
 
 def _group(group: int, life: dict, restarts: list[dict], fault: dict | None, A: int, per_step: int) -> dict:
