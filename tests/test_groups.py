@@ -200,6 +200,51 @@ def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path, over):
         assert healed[0] > 4 and healed == peer[healed[0]], (healed, peer.get(healed[0]))
 
 
+def _resumed_rank(rank, world, group, address, run_dir):
+    """Both groups train 4 steps and checkpoint; the attempt is then lost and starts again, but group 1 is lost once
+    more before it said it was ready (its rendezvous failed, say) and restarts from nothing while group 0 resumes
+    from the checkpoint. Returns this rank's digest once its group joined, and after the last step."""
+    import torch.distributed as dist
+
+    spec = RunSpec.from_dict({**SPEC, "out_dir": run_dir, "train": {**SPEC["train"], "timeout_s": 60}})
+    trainer = _trainer(spec, rank, group, address, 0)
+    trainer.restore()
+    while trainer.state.step < 4:
+        trainer.step(trainer.state.step)
+    trainer.checkpointer.save(trainer.model, trainer.optimizer, trainer.state, trainer.fedavg)
+    _forget_manager(trainer, rank)
+    if rank == 0:  # the attempt's end: this group's ready mark goes (lighthouse.clear_ready), then both groups start
+        (Path(run_dir) / lighthouse.READY.format(group)).unlink()
+        (Path(run_dir) / f"ended{group}").touch()
+        wait_for(lambda: all((Path(run_dir) / f"ended{g}").exists() for g in range(2)), "both groups' first life")
+    dist.barrier()
+    trainer = _trainer(spec, rank, group, address, group)  # group 1: its second start in this attempt
+    trainer.restore()
+    joined = _digest(trainer)
+    while trainer.state.step < STEPS:
+        trainer.step(trainer.state.step)
+    trainer.fedavg.close()
+    trainer.watchdog.close()
+    return joined, _digest(trainer)
+
+
+def test_a_group_restarted_before_its_peers_trained_waits_for_them_and_heals_from_the_step_they_resumed(tmp_path):
+    """Group 1 restarted from nothing while group 0 resumed from step 4: group 1 writes its ready mark (else group 0
+    would wait train.timeout_s for it), and torchft, counting from each group's training step, sees it behind and
+    heals it to group 0's resumed state, instead of averaging a fresh model into a trained one."""
+    server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda g: run_ranks(_resumed_rank, 2, g, server.address, str(tmp_path)), range(2)))
+    finally:
+        server.stop()
+    for rank in range(2):
+        (joined0, end0), (joined1, end1) = got[0][rank], got[1][rank]
+        assert joined0[0] == 4 and joined1 == joined0, (joined0, joined1)
+        # both trained on and averaged to the last step: one model (AdamW's moments stay each group's own)
+        assert end1[:3] == end0[:3] and end0[0] == STEPS
+
+
 def test_a_job_that_loses_every_group_resumes_them_from_the_step_they_all_checkpointed(tmp_path):
     """The whole job lost (its one task killed: every group's ranks and the Lighthouse go with it): the retry starts
     every group afresh from the newest step all of them checkpointed, and trains the one-world run's losses."""

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from train import model as models
 from train import optim
-from train.contract.common import FedshardError, SpecError
+from train.contract.common import SpecError
 from train.contract.machine import describe as describe_machine
 from train.contract.result import RankRecord, RunResult, target_crossing
 from train.contract.spec import RunSpec
@@ -148,16 +148,16 @@ class Trainer:
                                                    for g in range(self.layout.F)])
 
     def _join(self) -> None:
-        """Enter the federation's quorum: a restarted group heals there from a live peer and goes on from its step;
-        a fresh run's groups first wait for each other (a quorum formed before a slow starter would make it heal)."""
-        if not self.seat.start and self.run_dir is not None:
+        """Enter the federation's quorum: the groups of an attempt first wait for each other (a quorum formed before
+        a slow starter would make it heal), a restarted group too, as one lost before it said it was ready holds
+        the others until it does (once every group is ready the wait is a file check). A restarted group heals
+        there from a live peer and goes on from its step; one restarted before any group trained or resumed finds
+        every peer where it stands (train.federation.groups)."""
+        if self.run_dir is not None:
             if self.rank == 0:
                 wait_for_groups(self.run_dir, self.seat.group, self.layout.F, self.cfg.timeout_s)
             dist.barrier()  # once, before the first step: the group's other ranks wait for its rank 0 to see all
         self.fedavg.join()
-        if self.seat.start and not self.fedavg.heals:
-            raise FedshardError(f"federation group {self.seat.group} was started again (start {self.seat.start}) "
-                                f"but no group still training was ahead of it to heal from")
         if self.fedavg.heals:
             self.start_step = self.state.step
             self.log.resume(self.start_step)

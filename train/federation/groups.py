@@ -86,7 +86,10 @@ class GroupFedAvg(FedAvg):
 
     def join(self) -> None:
         """Enter the federation (collective across the quorum): a fresh run's groups agree on step 0, a restarted
-        or late group heals from a live peer at the others' next average and takes part in it."""
+        or late group heals from a live peer at the others' next average and takes part in it. torchft heals a
+        group whose step is behind the quorum's, and counts steps per process from 0: its count starts here at this
+        group's training step, so groups resumed from a checkpoint stand ahead of one restarted from nothing."""
+        self.manager.load_state_dict({**self.manager.state_dict(), "step": self.train_state.step})
         self.average()
 
     def after_step(self, steps_done: int) -> bool:
