@@ -245,6 +245,92 @@ def test_a_group_restarted_before_its_peers_trained_waits_for_them_and_heals_fro
         assert end1[:3] == end0[:3] and end0[0] == STEPS
 
 
+def _paused_rank(rank, world, group, address, run_dir):
+    """Groups 1 and 2 of three are lost after step 1 and restart from nothing while group 0, which has not averaged
+    since the first round, pauses well past the grace window before its step-2 average. Returns (step, digest)
+    after each step, and a restarted group's digest where it healed."""
+    import time
+
+    spec = RunSpec.from_dict({**SPEC, "F": 3, "out_dir": run_dir})
+    seen, trainer = [], _trainer(spec, rank, group, address, 0)
+    trainer.restore()
+    restarted = [Path(run_dir) / f"restarted{g}" for g in (1, 2)]
+    while trainer.state.step < 4:
+        trainer.step(trainer.state.step)
+        seen.append(_digest(trainer))
+        if trainer.state.step == 1 and group:
+            _forget_manager(trainer, rank)
+            restarted[group - 1].touch()
+            trainer = _trainer(spec, rank, group, address, 1)
+            trainer.restore()
+            seen.append(["healed", *_digest(trainer)])
+        elif trainer.state.step == 1:
+            wait_for(lambda: all(p.exists() for p in restarted), "groups 1 and 2 restarting")
+            time.sleep(PAUSE_S)
+    trainer.fedavg.close()
+    trainer.watchdog.close()
+    return seen
+
+
+PAUSE_S, GRACE_S = 3.0, 0.5
+
+
+def test_restarted_groups_that_meet_without_a_peer_ahead_wait_to_heal_instead_of_training_from_nothing(tmp_path):
+    """Two of three groups lost before the first average while the third is busy well past the grace window: the
+    two restarted ones, a majority, meet in quorums of their own where no one is ahead to heal from. They must
+    neither train on from their fresh state (all three would then stand at the same step at the next average, which
+    would take a fresh model in as a trained one) nor fail: they ask again until the third comes, and heal to it."""
+    server = lighthouse.Lighthouse(lighthouse.Federation(3, 1, GRACE_S))
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            got = list(pool.map(lambda g: run_ranks(_paused_rank, 2, g, server.address, str(tmp_path)), range(3)))
+    finally:
+        server.stop()
+    for rank in range(2):
+        for group in (1, 2):
+            healed = next(d[1:] for d in got[group][rank] if d[0] == "healed")
+            # at group 0's step-2 average, or at the step-4 one when that round formed before this group asked again:
+            # a peer's state there (group 0's, or the other restarted group's once it healed), never one of its own
+            peers = [d for g in (0, 3 - group) for d in got[g][rank] if d[0] == healed[0]]
+            assert healed[0] in (2, 4) and healed in peers, (group, healed, peers)
+
+
+def _closing_rank(rank, world, group, address, run_dir):
+    """Groups 0 and 1 of three train to the end (group 2 said it was ready but never came); rank 1 of each begins
+    its closing rounds SKEW_S after rank 0, so the two ranks' train.timeout_s deadlines are that far apart. Returns
+    how many groups the closing rounds left out."""
+    import time
+
+    spec = RunSpec.from_dict({**SPEC, "F": 3, "out_dir": run_dir, "train": {**SPEC["train"], "timeout_s": 4}})
+    trainer = _trainer(spec, rank, group, address, 0)
+    trainer.restore()
+    while trainer.state.step < STEPS:
+        trainer.step(trainer.state.step)
+    if rank == 1:
+        time.sleep(SKEW_S)
+    trainer.fedavg.finish()
+    trainer.fedavg.close()
+    trainer.watchdog.close()
+    return trainer.fedavg.left_out
+
+
+SKEW_S = 2.0
+
+
+def test_a_groups_ranks_leave_the_closing_rounds_together_whatever_their_clocks_say(tmp_path):
+    """The leave after train.timeout_s is decided by the group, not by each rank's clock: rank 0 passes its deadline
+    rounds before rank 1 does, and were it to leave alone, rank 1's next round would never form (torchft's round
+    needs every rank of the group) and end in a timeout."""
+    (tmp_path / lighthouse.READY.format(2)).touch()  # group 2's ready mark: the others start without waiting for it
+    server = lighthouse.Lighthouse(lighthouse.Federation(3, 1, GRACE_S))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda g: run_ranks(_closing_rank, 2, g, server.address, str(tmp_path)), range(2)))
+    finally:
+        server.stop()
+    assert got == [[1, 1], [1, 1]]
+
+
 def test_a_job_that_loses_every_group_resumes_them_from_the_step_they_all_checkpointed(tmp_path):
     """The whole job lost (its one task killed: every group's ranks and the Lighthouse go with it): the retry starts
     every group afresh from the newest step all of them checkpointed, and trains the one-world run's losses."""

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
+from train.contract.common import FedshardError
 from train.federation import compress
 from train.federation.federated import FedAvg
 from train.federation.inflight import run
@@ -66,8 +67,10 @@ class GroupFedAvg(FedAvg):
         self.merged_tokens = 0  # of those, the ones an average took in
         self.heals: list[dict] = []  # {step, at, dropped_tokens}: where this group took a peer's state
         self.last_round = 0  # groups in the last average this group took part in
-        self.closing = False  # after the last step (finish): rounds that only wait for late groups
+        self.restarted = seat.start > 0  # a life after a loss: it must heal before it trains
+        self.waiting = False  # rounds that only wait for groups: after the last step (finish), or to heal (join)
         self.timeout_s = t.timeout_s  # how long closing rounds wait for a missing group
+        self.grace_s = t.grace_s  # how long a quorum missing live groups waits for them (the Lighthouse's join timeout)
         self.left_out = 0  # groups missing from the round the closing rounds ended with
         self.short_rounds: list[dict] = []  # {step, groups}: averages some group missed
         wait, lighthouse = timedelta(seconds=t.timeout_s), seat.lighthouse
@@ -88,9 +91,27 @@ class GroupFedAvg(FedAvg):
         """Enter the federation (collective across the quorum): a fresh run's groups agree on step 0, a restarted
         or late group heals from a live peer at the others' next average and takes part in it. torchft heals a
         group whose step is behind the quorum's, and counts steps per process from 0: its count starts here at this
-        group's training step, so groups resumed from a checkpoint stand ahead of one restarted from nothing."""
-        self.manager.load_state_dict({**self.manager.state_dict(), "step": self.train_state.step})
-        self.average()
+        group's training step, so groups resumed from a checkpoint stand ahead of one restarted from nothing.
+
+        A restarted group that did not heal found no one ahead: either every group stands at step 0 (an attempt
+        restarted before any trained), which a round holding all of them shows, or its quorum held only groups
+        restarted like it (two lost at once, a majority together) while the others train on. It asks again, its
+        count put back (a round counts a step), until it heals or every group is in its round; never training on
+        from nothing, which its peers' next average would take in as a trained model."""
+        self.waiting = self.restarted
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self.manager.load_state_dict({**self.manager.state_dict(), "step": self.train_state.step})
+            self.average()
+            if not self.restarted or self.heals or self.last_round == self.groups:
+                break
+            if self._any_rank(time.monotonic() > deadline):
+                raise FedshardError(f"federation group {self.group} was started again but no group still training "
+                                    f"was ahead of it to heal from within train.timeout_s={self.timeout_s:g} s")
+            # not at once: the groups it met would form their next round alone at once. Within half the grace
+            # window, a peer asking meanwhile waits for them (a quorum missing live groups waits train.grace_s)
+            time.sleep(self.grace_s / 2)
+        self.waiting = False
 
     def after_step(self, steps_done: int) -> bool:
         self.trained_since += 1
@@ -103,12 +124,20 @@ class GroupFedAvg(FedAvg):
         left, and every group ends holding the same model. A group still missing train.timeout_s after the first
         closing round (its new job never started: its node stays down and no other is free) is left out: the groups
         of that round agree to leave together, and the launcher cancels its job (launcher.actions.groups)."""
-        self.closing = True
+        self.waiting = True
         deadline = time.monotonic() + self.timeout_s
         while self.last_round < self.groups:
-            if self.average(leave=time.monotonic() > deadline):
+            if self.average(leave=self._any_rank(time.monotonic() > deadline)):
                 self.left_out = self.groups - self.last_round
                 return
+
+    def _any_rank(self, yes: bool) -> bool:
+        """Whether any rank of this group says yes (collective over the group's world, read on the host: only in
+        rounds that wait). Its ranks' clocks differ: ranks on different sides of a deadline would split the group,
+        some leaving while the others ask torchft for a round it never forms without them."""
+        flag = torch.tensor([float(yes)], device=self.device)
+        dist.all_reduce(flag, op=ReduceOp.MAX)
+        return bool(flag.item())
 
     def average(self, leave: bool = False) -> bool:
         """One round over the quorum; True when it committed and some group in it asked to `leave` (its closing
@@ -132,7 +161,7 @@ class GroupFedAvg(FedAvg):
         if committed:
             self._apply(exchanged)  # nothing trained (a closing round): nothing moves
             self.merged_tokens += own * self.tokens_per_step
-            if groups < self.groups and not self.closing:
+            if groups < self.groups and not self.waiting:
                 self.short_rounds.append({"step": step, "groups": groups})
         self.clock.span(start, self.clock.mark())
         return committed and leaving > 0
