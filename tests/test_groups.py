@@ -295,6 +295,36 @@ def test_restarted_groups_that_meet_without_a_peer_ahead_wait_to_heal_instead_of
             assert healed[0] in (2, 4) and healed in peers, (group, healed, peers)
 
 
+def _restarted_rank(rank, world, group, address, run_dir):
+    """Every group started again (start 1), none holding anything of the run: returns the error its join raises."""
+    from train.contract.common import FedshardError
+
+    trainer = _trainer(RunSpec.from_dict({**SPEC, "out_dir": run_dir}), rank, group, address, 1)
+    try:
+        trainer.restore()
+    except FedshardError as exc:
+        return str(exc)
+    finally:
+        trainer.fedavg.close()
+        trainer.watchdog.close()
+    return None
+
+
+def test_groups_that_were_all_started_again_fail_instead_of_training_again_from_step_0(tmp_path):
+    """Nothing of the run is left to heal from (each group lost, none healed): each fails in its first round, so that
+    a retry of the run resumes from the step the groups all checkpointed, not from nothing."""
+    server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, GRACE_S))
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda g: run_ranks(_restarted_rank, 2, g, server.address, str(tmp_path)), range(2)))
+    finally:
+        server.stop()
+    for group, errors in enumerate(got):
+        assert errors == [f"federation group {group} was started again, as was every other group: none holds the "
+                          f"run's state to heal from (a retry of the run resumes from the step the groups "
+                          f"all checkpointed)"] * 2, errors
+
+
 def _closing_rank(rank, world, group, address, run_dir):
     """Groups 0 and 1 of three train to the end (group 2 said it was ready but never came); rank 1 of each begins
     its closing rounds SKEW_S after rank 0, so the two ranks' train.timeout_s deadlines are that far apart. Returns

@@ -67,6 +67,7 @@ class GroupFedAvg(FedAvg):
         self.merged_tokens = 0  # of those, the ones an average took in
         self.heals: list[dict] = []  # {step, at, dropped_tokens}: where this group took a peer's state
         self.last_round = 0  # groups in the last average this group took part in
+        self.stateless_in_round = 0.0  # of those, groups started again that had not healed yet
         self.restarted = seat.start > 0  # a life after a loss: it must heal before it trains
         self.waiting = False  # rounds that only wait for groups: after the last step (finish), or to heal (join)
         self.timeout_s = t.timeout_s  # how long closing rounds wait for a missing group
@@ -94,16 +95,24 @@ class GroupFedAvg(FedAvg):
         group's training step, so groups resumed from a checkpoint stand ahead of one restarted from nothing.
 
         A restarted group that did not heal found no one ahead: either every group stands at step 0 (an attempt
-        restarted before any trained), which a round holding all of them shows, or its quorum held only groups
-        restarted like it (two lost at once, a majority together) while the others train on. It asks again, its
-        count put back (a round counts a step), until it heals or every group is in its round; never training on
-        from nothing, which its peers' next average would take in as a trained model."""
+        restarted a group before any trained), which a round holding all of them, some never restarted, shows; or
+        its quorum held only groups restarted like it (two lost at once, a majority together) while the others
+        train on. It asks again, its count put back (a round counts a step), until it heals or every group is in
+        its round; never training on from nothing, which its peers' next average would take in as a trained model.
+        Every group restarted and none healed: nothing of the run is left to heal from, and it fails, so that the
+        run is retried from its checkpoint instead of training again from step 0."""
         self.waiting = self.restarted
         deadline = time.monotonic() + self.timeout_s
         while True:
             self.manager.load_state_dict({**self.manager.state_dict(), "step": self.train_state.step})
             self.average()
-            if not self.restarted or self.heals or self.last_round == self.groups:
+            if not self.restarted or self.heals:
+                break
+            if self.last_round == self.groups:
+                if self.stateless_in_round == self.groups:
+                    raise FedshardError(f"federation group {self.group} was started again, as was every other group: "
+                                        f"none holds the run's state to heal from (a retry of the run resumes from the "
+                                        f"step the groups all checkpointed)")
                 break
             if self._any_rank(time.monotonic() > deadline):
                 raise FedshardError(f"federation group {self.group} was started again but no group still training "
@@ -148,11 +157,12 @@ class GroupFedAvg(FedAvg):
         step = self.train_state.step
         self.healed, self.trained_since = False, 0
         groups = self.last_round = self.manager.num_participants()
-        asked = torch.tensor([float(own), float(leave)], dtype=torch.float64)
+        stateless = self.restarted and not self.heals  # started again and not healed yet: it holds nothing of the run
+        asked = torch.tensor([float(own), float(leave), float(stateless)], dtype=torch.float64)
         self.manager.allreduce(asked, reduce_op=ReduceOp.SUM).wait()
         # read on the host, once per average (a step that aggregates): whether anything was trained since the last
         # one, this group's weight in the sums, and whether a closing group asked to leave
-        total, leaving = asked.tolist()
+        total, leaving, self.stateless_in_round = asked.tolist()
         exchanged = []
         if total > 0:  # a closing round (nothing trained) sends nothing: the last event's bytes stand
             self.event_bytes = 0
