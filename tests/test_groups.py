@@ -179,19 +179,24 @@ def _group_rank(rank, world, group, address, restart_after, run_dir, over):
     return seen
 
 
+def _run_groups(fn, F: int, grace_s: float, *args, running: int | None = None) -> list:
+    """`fn`'s value on each rank of the first `running` (all F by default) of F groups of 2 ranks, each group its
+    own world, meeting at one Lighthouse: [group][rank]."""
+    server = lighthouse.Lighthouse(lighthouse.Federation(F, 1, grace_s))
+    try:
+        with ThreadPoolExecutor(running or F) as pool:
+            return list(pool.map(lambda g: run_ranks(fn, 2, g, server.address, *args), range(running or F)))
+    finally:
+        server.stop()
+
+
 @pytest.mark.parametrize("over", [{}, {"train": {"outer": "diloco", "outer_lr": 0.7, "outer_momentum": 0.9}},
                                   {"S": 1, "train": {"tp": 2}}, {"train": {"aggregation_dtype": "bf16"}}],
                          ids=["fedavg", "diloco", "tp2", "bf16"])
 def test_a_restarted_group_heals_to_exactly_its_peers_state(tmp_path, over):
     """With DiLoCo (and with compressed FedAvg, DiLoCo at lr 1) the healed group also holds its peer's synchronized
     copy and outer momentum; with tp = 2 each rank its peer's tensor-parallel shards."""
-    server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_group_rank, 2, g, server.address, 4, str(tmp_path), over),
-                                range(2)))
-    finally:
-        server.stop()
+    got = _run_groups(_group_rank, 2, 5.0, 4, str(tmp_path), over)
     for rank in range(2):
         peer = {d[0]: d for d in got[0][rank]}
         healed = next(d[1:] for d in got[1][rank] if d[0] == "healed")
@@ -232,12 +237,7 @@ def test_a_group_restarted_before_its_peers_trained_waits_for_them_and_heals_fro
     """Group 1 restarted from nothing while group 0 resumed from step 4: group 1 writes its ready mark (else group 0
     would wait train.timeout_s for it), and torchft, counting from each group's training step, sees it behind and
     heals it to group 0's resumed state, instead of averaging a fresh model into a trained one."""
-    server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, 5.0))
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_resumed_rank, 2, g, server.address, str(tmp_path)), range(2)))
-    finally:
-        server.stop()
+    got = _run_groups(_resumed_rank, 2, 5.0, str(tmp_path))
     for rank in range(2):
         (joined0, end0), (joined1, end1) = got[0][rank], got[1][rank]
         assert joined0[0] == 4 and joined1 == joined0, (joined0, joined1)
@@ -280,12 +280,7 @@ def test_restarted_groups_that_meet_without_a_peer_ahead_wait_to_heal_instead_of
     two restarted ones, a majority, meet in quorums of their own where no one is ahead to heal from. They must
     neither train on from their fresh state (all three would then stand at the same step at the next average, which
     would take a fresh model in as a trained one) nor fail: they ask again until the third comes, and heal to it."""
-    server = lighthouse.Lighthouse(lighthouse.Federation(3, 1, GRACE_S))
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            got = list(pool.map(lambda g: run_ranks(_paused_rank, 2, g, server.address, str(tmp_path)), range(3)))
-    finally:
-        server.stop()
+    got = _run_groups(_paused_rank, 3, GRACE_S, str(tmp_path))
     for rank in range(2):
         for group in (1, 2):
             healed = next(d[1:] for d in got[group][rank] if d[0] == "healed")
@@ -313,12 +308,7 @@ def _restarted_rank(rank, world, group, address, run_dir):
 def test_groups_that_were_all_started_again_fail_instead_of_training_again_from_step_0(tmp_path):
     """Nothing of the run is left to heal from (each group lost, none healed): each fails in its first round, so that
     a retry of the run resumes from the step the groups all checkpointed, not from nothing."""
-    server = lighthouse.Lighthouse(lighthouse.Federation(2, 1, GRACE_S))
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_restarted_rank, 2, g, server.address, str(tmp_path)), range(2)))
-    finally:
-        server.stop()
+    got = _run_groups(_restarted_rank, 2, GRACE_S, str(tmp_path))
     for group, errors in enumerate(got):
         assert errors == [f"federation group {group} was started again, as was every other group: none holds the "
                           f"run's state to heal from (a retry of the run resumes from the step the groups "
@@ -352,12 +342,7 @@ def test_a_groups_ranks_leave_the_closing_rounds_together_whatever_their_clocks_
     rounds before rank 1 does, and were it to leave alone, rank 1's next round would never form (torchft's round
     needs every rank of the group) and end in a timeout."""
     (tmp_path / lighthouse.READY.format(2)).touch()  # group 2's ready mark: the others start without waiting for it
-    server = lighthouse.Lighthouse(lighthouse.Federation(3, 1, GRACE_S))
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            got = list(pool.map(lambda g: run_ranks(_closing_rank, 2, g, server.address, str(tmp_path)), range(2)))
-    finally:
-        server.stop()
+    got = _run_groups(_closing_rank, 3, GRACE_S, str(tmp_path), running=2)
     assert got == [[1, 1], [1, 1]]
 
 
