@@ -99,8 +99,8 @@ class GroupFedAvg(FedAvg):
         its quorum held only groups restarted like it (two lost at once, a majority together) while the others
         train on. It asks again, its count put back (a round counts a step), until it heals or every group is in
         its round; never training on from nothing, which its peers' next average would take in as a trained model.
-        Every group restarted and none healed: nothing of the run is left to heal from, and it fails, so that the
-        run is retried from its checkpoint instead of training again from step 0."""
+        Every group restarted and none healed: nothing of the run is left to heal from, and it fails, so that a
+        retry of the run resumes from the groups' checkpoint instead of training again from step 0."""
         self.waiting = self.restarted
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -161,7 +161,8 @@ class GroupFedAvg(FedAvg):
         asked = torch.tensor([float(own), float(leave), float(stateless)], dtype=torch.float64)
         self.manager.allreduce(asked, reduce_op=ReduceOp.SUM).wait()
         # read on the host, once per average (a step that aggregates): whether anything was trained since the last
-        # one, this group's weight in the sums, and whether a closing group asked to leave
+        # one, this group's weight in the sums, whether a closing group asked to leave, and how many of the round's
+        # groups hold nothing of the run (a restarted group's join)
         total, leaving, self.stateless_in_round = asked.tolist()
         exchanged = []
         if total > 0:  # a closing round (nothing trained) sends nothing: the last event's bytes stand
