@@ -80,7 +80,7 @@ class GroupJobs:
             if self._ended_well(job):
                 self.ended.add(group)
                 continue
-            self._lost(group, job, state)
+            self._lost(group, job, state, polled)
         if self.failure is not None:
             return True, "FAILED"
         left_out = self._left_out()
@@ -110,10 +110,10 @@ class GroupJobs:
         return all((submitit_compat.task_outcome(job.paths.folder, job.job_id, task) or ("",))[0] == "success"
                    for task in range(self.size))
 
-    def _lost(self, group: int, job, state: str) -> None:
+    def _lost(self, group: int, job, state: str, polled: dict) -> None:
         why = f"federation group {group}'s job {job.job_id} ended {state or 'VANISHED'}: " \
               f"{failure_reason(job, self.size)}"
-        reason = not_restarted(self.starts[group], any(g not in self.ended for g in range(self.F) if g != group))
+        reason = not_restarted(self.starts[group], self._others_train(group, polled))
         if reason:
             self.failure = f"{why} ({reason})"
             self.cancel()
@@ -123,6 +123,17 @@ class GroupJobs:
         self.jobs[group] = self._submit(group)
         print(f"{self.planned.run.run_id}: {why}; submitted it again as job {self.jobs[group].job_id} "
               f"({self.starts[group]} of {GROUP_RESTARTS}): it heals from a group still training", flush=True)
+
+    def _others_train(self, group: int, polled: dict) -> bool:
+        """Whether a group other than `group` may hold the run's state to heal from: one whose job has not ended and
+        runs, or whose state the scheduler did not say. A lost group's new job (waiting in the queue, or submitted
+        in this poll) holds nothing: were every other group such, a restart would only meet restarted groups, which
+        train.federation.groups fails, so the run goes at once to its retry, from the groups' common checkpoint."""
+        def may_hold(g: int) -> bool:
+            job_id = str(self.jobs[g].job_id)
+            return job_id in polled and polled[job_id] in (None, *RUNNING)
+
+        return any(may_hold(g) for g in range(self.F) if g != group and g not in self.ended)
 
     def nodes(self) -> list[str]:
         return sorted({n for job in self.jobs for n in self.scheduler.nodes(job) or []})
