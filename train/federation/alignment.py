@@ -46,8 +46,9 @@ def _differs(values: list[int], group, device) -> bool:
     return bool((both[:n] != ~both[n:]).any())
 
 
-def _agree(bad: bool, device) -> bool:
-    flag = torch.tensor([int(bad)], device=device)
+def any_rank(yes: bool, device) -> bool:
+    """Whether any rank of the world says yes (collective; read on the host): a verdict no rank can take alone."""
+    flag = torch.tensor([int(yes)], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return bool(flag.item())
 
@@ -56,12 +57,12 @@ def check(named_params: list[tuple[str, torch.Tensor]], fed_group, device, conte
     """Raise AlignmentError on every rank if any federation group disagrees on layout (or on initial weights)."""
     layout = [describe(n, p) for n, p in named_params]
     layout_bad = _differs([_hash(repr(d).encode()) for d in layout], fed_group, device)
-    if _agree(layout_bad, device):
+    if any_rank(layout_bad, device):
         _raise_named(layout, fed_group, layout_bad, "shard layouts differ")
     if contents:
         hashes = [content_hash(p) for _, p in named_params]
         content_bad = _differs(hashes, fed_group, device)
-        if _agree(content_bad, device):
+        if any_rank(content_bad, device):
             _raise_named([(n, h) for (n, _), h in zip(named_params, hashes)], fed_group, content_bad,
                          "initial weights differ")
 

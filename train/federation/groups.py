@@ -35,6 +35,7 @@ from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 
 from train.contract.common import FedshardError
 from train.federation import compress
+from train.federation.alignment import any_rank
 from train.federation.federated import FedAvg
 from train.federation.inflight import run
 from train.federation.outer import DiLoCo, OuterStep
@@ -114,7 +115,7 @@ class GroupFedAvg(FedAvg):
                                         f"none holds the run's state to heal from (a retry of the run resumes from the "
                                         f"step the groups all checkpointed)")
                 break
-            if self._any_rank(time.monotonic() > deadline):
+            if any_rank(time.monotonic() > deadline, self.device):
                 raise FedshardError(f"federation group {self.group} was started again but no group still training "
                                     f"was ahead of it to heal from within train.timeout_s={self.timeout_s:g} s")
             # not at once: the groups it met would form their next round alone at once. Within half the grace
@@ -136,17 +137,11 @@ class GroupFedAvg(FedAvg):
         self.waiting = True
         deadline = time.monotonic() + self.timeout_s
         while self.last_round < self.groups:
-            if self.average(leave=self._any_rank(time.monotonic() > deadline)):
+            # the group's ranks decide together: their clocks differ, and a rank leaving alone would leave the others
+            # asking torchft for a round it never forms without it
+            if self.average(leave=any_rank(time.monotonic() > deadline, self.device)):
                 self.left_out = self.groups - self.last_round
                 return
-
-    def _any_rank(self, yes: bool) -> bool:
-        """Whether any rank of this group says yes (collective over the group's world, read on the host: only in
-        rounds that wait). Its ranks' clocks differ: ranks on different sides of a deadline would split the group,
-        some leaving while the others ask torchft for a round it never forms without them."""
-        flag = torch.tensor([float(yes)], device=self.device)
-        dist.all_reduce(flag, op=ReduceOp.MAX)
-        return bool(flag.item())
 
     def average(self, leave: bool = False) -> bool:
         """One round over the quorum; True when it committed and some group in it asked to `leave` (its closing
