@@ -28,10 +28,13 @@ def split(argv: list[str]) -> tuple[list[str], list[Axis]]:
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
-    try:
-        parsed = OverridesParser.create().parse_overrides(argv)
-    except HydraException as exc:
-        raise ConfigError(str(exc).strip().splitlines()[0]) from None
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in argv:  # one at a time, so the error names the override Hydra could not read
+        try:
+            parsed += parser.parse_overrides([arg])
+        except HydraException as exc:
+            raise ConfigError(f"cannot read the override {arg!r}: {str(exc).strip().splitlines()[0]}") from None
     fixed, axes = [], []
     for override in parsed:
         if not override.is_sweep_override():
