@@ -45,6 +45,21 @@ class FailOn:
         raise DataError("the shard is missing")
 
 
+class Staggered:
+    """Rank r ends 0.4 s after rank r + 1: rank 0, whose value is the job's, ends last."""
+
+    PRELOAD = ()
+
+    def __init__(self, folder: str, ranks: int):
+        self.folder, self.ranks = folder, ranks
+
+    def __call__(self):
+        rank = int(os.environ["SUBMITIT_LOCAL_GLOBALID"])
+        time.sleep(0.4 * (self.ranks - 1 - rank))
+        Path(self.folder, f"done{rank}").touch()
+        return rank
+
+
 class Sleep:
     PRELOAD = ()
 
@@ -103,6 +118,14 @@ def test_a_failing_rank_ends_the_others_and_names_itself(tmp_path):
     assert "rank 1 of 3 exited with status 1: " in line and "DataError: the shard is missing" in line
     for rank in (0, 2):
         assert not _alive(int((tmp_path / f"pid{rank}").read_text()))
+
+
+def test_the_task_waits_for_every_rank_before_it_ends(tmp_path):
+    """The task ends only once all its ranks have: none is killed with it while finishing (they die with their
+    task), and rank 0's value is there even when it ends last."""
+    job = _submit(tmp_path, Staggered(str(tmp_path), 4), 4)
+    assert job.result() == 0
+    assert sorted(p.name for p in tmp_path.glob("done*")) == ["done0", "done1", "done2", "done3"]
 
 
 def test_the_ranks_die_with_their_task(tmp_path):

@@ -222,7 +222,7 @@ def _wait(ranks: dict[int, int]) -> dict[int, int]:
     one fails, the others get SIGTERM, then SIGKILL GRACE_S later."""
     codes: dict[int, int] = {}
     kill_at = None
-    while len(codes) < len(ranks):
+    while ranks:  # a rank leaves `ranks` when it ends (the signal forwarder reads the same dict)
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid:
             code = os.waitstatus_to_exitcode(status)
