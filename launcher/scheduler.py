@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -210,8 +211,8 @@ class Local(Scheduler):
         return executor
 
     def submit_job(self, executor, job, name: str, folder: Path):
-        """A local controller's stderr goes to its log."""
-        with _stderr_into(folder / "controller.log"):
+        """A local controller's stderr goes to its log, and SIGINT (the cancel) reaches it."""
+        with _stderr_into(folder / "controller.log"), _sigint_not_inherited_ignored():
             return executor.submit(job)
 
     def reattach(self, tasks: int, folder: Path, job_id: str):
@@ -378,6 +379,22 @@ SCHEDULERS = {"local": Local, "slurm": Slurm}
 def of(cluster: Cluster) -> Scheduler:
     """The cluster's scheduler (cluster.executor, checked by launcher.settings)."""
     return SCHEDULERS[cluster.executor](cluster)
+
+
+@contextlib.contextmanager
+def _sigint_not_inherited_ignored():
+    """A launcher a shell started in the background (`nohup python -m launcher ... &`) ignores SIGINT, and a process
+    it starts would keep ignoring it: the local controller, and so its task and ranks, would not end on action=cancel
+    or a Ctrl-C's SIGINT. While one starts, SIGINT here has a handler that does nothing, which the new program's
+    exec resets to the default."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN or threading.current_thread() != threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ and a plan leaves no script of a run it no longer has."""
 import contextlib
 import io
 import json
+import signal
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -111,11 +112,13 @@ def test_a_plan_removes_the_scripts_of_runs_it_no_longer_has(tmp_path):
 def test_action_cancel_stops_a_local_sweep_for_real(tmp_path):
     """Issue 57's case end to end: a local sweep of two runs, action=cancel from another process while the first
     trains. The first is CANCELLED (it was FAILED), the second is never submitted (it was), nothing is retried, and
-    status lists both from the sweep's record."""
+    status lists both from the sweep's record. The launcher runs as `nohup python -m launcher ... &` leaves it: a
+    shell's background job ignores SIGINT, which its local jobs must not inherit (the cancel is their SIGINT)."""
     args = ["sweep=smoke", "model=tiny", "sweep.strategies=[fsdp,fl_fsdp]", "sweep.train.steps=2000", "retries=1",
             f"results_dir={tmp_path}"]
     launcher = subprocess.Popen([sys.executable, "-m", "launcher", *args], env=clean_env(slurm_client=False),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     sweep = tmp_path / "local" / "smoke"
     try:
         wait_for(lambda: steps_logged(sweep / "fsdp-F1-R1-S4") >= 1, "the first logged step",

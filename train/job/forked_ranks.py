@@ -178,7 +178,10 @@ def _forward_signals_to(ranks: dict[int, int]) -> dict:
                 pass
 
     signals = (*FORWARDED, submitit_compat.preemption_signal())
-    return {sig: signal.signal(sig, forward) for sig in signals}
+    previous = {sig: signal.signal(sig, forward) for sig in signals}
+    if previous[signal.SIGINT] is signal.SIG_IGN:  # a shell's background job: a cancel must still end its ranks
+        previous[signal.SIGINT] = signal.default_int_handler
+    return previous
 
 
 def _be_rank(rank: int, forked: ForkedRanks, handlers: dict, parent: int, folder: Path, job_id: str,
