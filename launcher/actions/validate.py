@@ -1,5 +1,5 @@
-"""action=validate: probe -> plan -> runs -> report in one command, so the step-time model is validated on a
-calibration made before the runs and on predictions registered before each run started; nothing can be refitted
+"""action=validate: probe -> plan -> runs -> report in one command, so the step-time model is checked against a
+calibration made before the runs, with predictions registered before each run started; nothing can be refitted
 afterwards. It refuses a sweep directory that already holds results, and a probe chosen by hand."""
 from __future__ import annotations
 
