@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -41,8 +40,6 @@ SBATCH_TRIES, SBATCH_WAIT_S = 3, 5.0
 # partition, account or QOS, a limit) would fail the same way and is the user's to fix
 SBATCH_TRANSIENT = ("temporarily unavailable", "Socket timed out", "Unable to contact slurm controller",
                     "Slurm temporarily unable")
-
-
 LOCAL_POLL_S = 0.25
 
 
@@ -212,7 +209,7 @@ class Local(Scheduler):
 
     def submit_job(self, executor, job, name: str, folder: Path):
         """A local controller's stderr goes to its log, and SIGINT (the cancel) reaches it."""
-        with _stderr_into(folder / "controller.log"), _sigint_not_inherited_ignored():
+        with _inherited_by_a_local_controller(folder / "controller.log"):
             return executor.submit(job)
 
     def reattach(self, tasks: int, folder: Path, job_id: str):
@@ -382,32 +379,22 @@ def of(cluster: Cluster) -> Scheduler:
 
 
 @contextlib.contextmanager
-def _sigint_not_inherited_ignored():
-    """A launcher a shell started in the background (`nohup python -m launcher ... &`) ignores SIGINT, and a process
-    it starts would keep ignoring it: the local controller, and so its task and ranks, would not end on action=cancel
-    or a Ctrl-C's SIGINT. While one starts, SIGINT here has a handler that does nothing, which the new program's
-    exec resets to the default."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN or threading.current_thread() != threading.main_thread():
-        yield
-        return
-    signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def _stderr_into(path: Path):
-    """Point this process's stderr (fd 2) at `path` while submitit starts a local controller, which inherits it:
-    the controller's traceback when Ctrl-C or a cancel interrupts it lands in its log, not on the terminal."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _inherited_by_a_local_controller(log: Path):
+    """While submitit starts a local controller, which inherits them: stderr (fd 2) goes to `log`, so its traceback
+    when Ctrl-C or a cancel interrupts it lands there, not on the terminal; and SIGINT is not ignored. A launcher a
+    shell started in the background (`nohup python -m launcher ... &`) ignores it, and the controller, its task and
+    ranks would then not end on action=cancel; a handler of Python's, which exec resets, stands in meanwhile."""
+    log.parent.mkdir(parents=True, exist_ok=True)
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved, ignored = os.dup(2), signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, lambda *_: None)
     try:
-        with open(path, "ab") as log:
-            os.dup2(log.fileno(), 2)
+        with open(log, "ab") as f:
+            os.dup2(f.fileno(), 2)
         yield
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
