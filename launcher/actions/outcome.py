@@ -46,6 +46,31 @@ def failure_reason(job, tasks: int) -> str:
     return "no result.json (see the submitit logs)"
 
 
+class OneJob:
+    """A run's one job, asked what a fault-tolerant run's GroupJobs is asked (launcher.actions.groups): whether it
+    ended and its state, where it runs, why it failed; so action=run watches both alike."""
+
+    def __init__(self, scheduler, job, tasks: int):
+        self.scheduler, self.job, self.tasks = scheduler, job, tasks
+
+    @property
+    def job_id(self) -> str:
+        return self.job.job_id
+
+    def state(self, polled: dict | None) -> tuple[bool, str]:
+        return self.scheduler.done(self.job, self.tasks, polled)
+
+    def nodes(self) -> list[str] | None:
+        return self.scheduler.nodes(self.job)
+
+    @property
+    def failure(self) -> str:
+        return failure_reason(self.job, self.tasks)
+
+    def cancel(self, check: bool = True) -> None:
+        self.job.cancel(check=check)
+
+
 def preflight_named(run_dir: Path) -> list[str]:
     """The nodes the run's last job's preflight named (launcher.placement.injob.PreflightedJob), none without."""
     path = run_dir / health.FILE

@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher import progress, shrink
 from launcher import scheduler as schedulers
 from launcher.actions.groups import GroupJobs
-from launcher.actions.outcome import MAX_PREEMPTIONS, NODE_FAILURE, failure_reason, preflight_named, retryable
+from launcher.actions.outcome import MAX_PREEMPTIONS, NODE_FAILURE, OneJob, preflight_named, retryable
 from launcher.actions.plan import plan
 from launcher.placement import health
 from launcher.planning import place_one, usable_nodes
@@ -32,7 +32,7 @@ class Sweeper:
         self.settings, self.cluster = settings, settings.cluster
         self.registry = registry  # each run's prediction is registered before its first submission
         self.store = Store(settings.sweep_dir)
-        self.running: dict[str, tuple[Run, object]] = {}
+        self.running: dict[str, tuple[Run, OneJob | GroupJobs]] = {}
         self.failed: dict[str, str] = {}
         self.lost: dict[str, list[str]] = {}  # run -> nodes of its last attempt now down or drained
         self.settled = 0  # runs that reached a final state in this invocation
@@ -61,8 +61,9 @@ class Sweeper:
             if run.spec.train.fault_tolerance == "groups" and not self.scheduler.runs_here:
                 job = GroupJobs(self.scheduler, planned, spec_path, folder)  # a SLURM job per federation group
             else:
-                job = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json",
-                                            self._preflight())
+                submitted = self.scheduler.submit(planned, spec_path, folder, self.settings.sweep_dir / "topology.json",
+                                                  self._preflight())
+                job = OneJob(self.scheduler, submitted, run.spec.world_size)
         except BaseException:  # nothing stays registered or written for a run that was never submitted
             shutil.rmtree(run_dir if new_dir else folder, ignore_errors=True)
             if registered and not new_dir:
@@ -91,7 +92,8 @@ class Sweeper:
                       f"Lighthouse they met at: it goes again, from the step all its groups checkpointed", flush=True)
                 continue
             folder = attempt_folder(self.settings.sweep_dir / run.run_id, entry["attempts"])
-            self._watch(run, self.scheduler.reattach(run.spec.world_size, folder, entry["job_id"]))
+            job = self.scheduler.reattach(run.spec.world_size, folder, entry["job_id"])
+            self._watch(run, OneJob(self.scheduler, job, run.spec.world_size))
             print(f"reattached {run.run_id} to job {entry['job_id']} (attempt {entry['attempts']}), "
                   f"submitted by an earlier launcher", flush=True)
 
@@ -127,8 +129,7 @@ class Sweeper:
             # one call; a fault-tolerant run's group jobs are listed together (launcher.actions.groups)
             polled = self.scheduler.poll([i for _, job in self.running.values() for i in str(job.job_id).split(",")])
             for run_id, (run, job) in list(self.running.items()):
-                done, state = job.state(polled) if isinstance(job, GroupJobs) else \
-                    self.scheduler.done(job, run.spec.world_size, polled)
+                done, state = job.state(polled)
                 if not done:
                     if state != self.store.state(run_id):
                         self._changed(run_id, job, state)
@@ -154,7 +155,7 @@ class Sweeper:
                     self._preempted(run_id, job, state)
                     continue
                 else:
-                    reason = job.failure if isinstance(job, GroupJobs) else failure_reason(job, run.spec.world_size)
+                    reason = job.failure
                     if state == "NODE_FAIL":
                         reason = f"{NODE_FAILURE}: {reason}"
                     if self._lost(run_id):
@@ -193,8 +194,7 @@ class Sweeper:
         """Record a job's new state, and where it runs. SLURM requeues a batch job whose node went down; it then
         waits for that node: with retry_shrink it is cancelled, to resume on the nodes left (_resubmission)."""
         fields = {"state": state, "job_id": str(job.job_id)}  # a fault-tolerant run's lost group has a new job
-        nodes = (job.nodes() if isinstance(job, GroupJobs) else self.scheduler.nodes(job)) if state == "RUNNING" \
-            else None
+        nodes = job.nodes() if state == "RUNNING" else None
         if nodes is not None:
             fields["nodes"] = nodes
         self.store.record(run_id, **fields)
