@@ -178,10 +178,7 @@ def _forward_signals_to(ranks: dict[int, int]) -> dict:
                 pass
 
     signals = (*FORWARDED, submitit_compat.preemption_signal())
-    previous = {sig: signal.signal(sig, forward) for sig in signals}
-    if previous[signal.SIGINT] is signal.SIG_IGN:  # a shell's background job: a cancel must still end its ranks
-        previous[signal.SIGINT] = signal.default_int_handler
-    return previous
+    return {sig: signal.signal(sig, forward) for sig in signals}
 
 
 def _be_rank(rank: int, forked: ForkedRanks, handlers: dict, parent: int, folder: Path, job_id: str,
