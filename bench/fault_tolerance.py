@@ -47,7 +47,13 @@ from train.contract.spec import RunSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 LAB = str(ROOT / "slurm" / "testbed" / "lab")
-RULE = "\nthe registered rule (results/testbed/fault_tolerance/README.md), fault-tolerant groups:\n"
+
+
+def rule(out: Path) -> str:
+    """The heading of the verdicts: the rule is the one registered in --out's README (each study folder has its own)."""
+    readme = out.resolve() / "README.md"
+    where = readme.relative_to(ROOT) if readme.is_relative_to(ROOT) else readme
+    return f"\nthe registered rule ({where}), fault-tolerant groups:\n"
 
 
 def sweep(out: Path, name: str, args, *overrides: str) -> list[Path]:
@@ -187,7 +193,7 @@ def kill(args, out: Path) -> None:
     print(f"\nmedian time lost: groups {statistics.median(lost['groups']):.2f} s, restart from a checkpoint "
           f"{statistics.median(lost['restart']):.2f} s; fault-free training time, groups over one world: "
           + ", ".join(f"{ft_free[k].train_time_s / re_free[k].train_time_s:.3f}" for k in range(n)))
-    print(RULE + "\n".join(verdicts))
+    print(rule(out) + "\n".join(verdicts))
 
 
 def change(run: RunResult, reference: RunResult) -> float:
@@ -225,7 +231,7 @@ def slow(args, out: Path) -> None:
                   f"{loss_change(result(slowed), result(unslowed))} |")
             if path == "groups":
                 verdicts.append(_verdicts(k, [("S1", b / a >= 0.90, f"group 0's tokens/s {b / a:.3f} of unslowed")]))
-    print(RULE + "\n".join(verdicts))
+    print(rule(out) + "\n".join(verdicts))
 
 
 def main(argv: list[str] | None = None) -> None:
