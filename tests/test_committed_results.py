@@ -274,20 +274,26 @@ def test_the_front_pages_step_time_bullet_includes_the_scaling_sweeps(sweep, kin
 
 
 STUDY = RESULTS / "testbed" / "fault_tolerance"
-STUDY_COMMANDS = {  # as its README gives them (the rule's section, committed before the runs)
-    "kill": "--cluster testbed --kind kill --nodes 4 --steps 640 --fault-step 240 --checkpoint-every 64 --repair-s 5",
-    "slow": "--cluster testbed --kind slow --nodes 4 --steps 160 --fault-step 60 --speed 0.5 --grace 0.2"}
+STUDY_COMMANDS = {  # folder: the commands its README gives (the rule's section, committed before the runs)
+    "": {"kill": "--cluster testbed --kind kill --nodes 4 --steps 640 --fault-step 240 --checkpoint-every 64 "
+                 "--repair-s 5",
+         "slow": "--cluster testbed --kind slow --nodes 4 --steps 160 --fault-step 60 --speed 0.5 --grace 0.2"},
+    "long": {"kill": "--cluster testbed --kind kill --nodes 4 --steps 1920 --fault-step 240 --checkpoint-every 64 "
+                     "--repair-s 5"}}
 
 
-@pytest.mark.parametrize("kind", sorted(STUDY_COMMANDS))
-def test_the_fault_tolerance_study_quotes_its_tables_as_its_sweeps_give_them(kind, capsys):
-    """results/testbed/fault_tolerance/README.md: each row of the bench's tables, and each verdict on the registered
-    rule, is what `python -m bench.fault_tolerance ... --report` prints from the committed sweeps today."""
+@pytest.mark.parametrize("folder,kind", [(f, k) for f, kinds in STUDY_COMMANDS.items() for k in sorted(kinds)])
+def test_the_fault_tolerance_study_quotes_its_tables_as_its_sweeps_give_them(folder, kind, capsys):
+    """results/testbed/fault_tolerance/README.md and long/README.md: each row of the bench's tables, and each verdict
+    on the registered rule, is what `python -m bench.fault_tolerance ... --report` prints from the committed sweeps
+    today."""
     from bench import fault_tolerance
 
-    readme = (STUDY / "README.md").read_text()
-    assert STUDY_COMMANDS[kind] in " ".join(readme.replace("\\\n", " ").split())
-    fault_tolerance.main([*STUDY_COMMANDS[kind].split(), "--report", "--out", str(STUDY), "train=learn"])
+    study = STUDY / folder
+    command = STUDY_COMMANDS[folder][kind]
+    readme = (study / "README.md").read_text()
+    assert command in " ".join(readme.replace("\\\n", " ").split())
+    fault_tolerance.main([*command.split(), "--report", "--out", str(study), "train=learn"])
     printed = [line for line in capsys.readouterr().out.splitlines()
                if line.startswith(("| 1 ", "| 2 ", "| 3 ", "- repeat ", "median time lost"))]
     assert len(printed) >= 9, printed
