@@ -274,6 +274,9 @@ class GroupFedAvg(FedAvg):
                 "short_rounds": self.short_rounds, "left_out": self.left_out}
 
     def close(self) -> None:
+        """Collective in the group: the manager server lives in rank 0's process, and a rank still waiting for its
+        last reply (the closing round's should_commit) when that process ends gets torchft's "transport error"."""
+        dist.barrier()
         self.manager.shutdown(wait=False)
 
 
