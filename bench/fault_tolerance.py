@@ -14,6 +14,12 @@ eval loss (ln eval_ppl) against the fault-free run's.
 the seconds a group that was not slowed (group 0) took to its last step against the unslowed run's (their ratio is
 its tokens/s over the unslowed run's), and the final eval loss against the unslowed run's.
 
+--kind pairs: the fault-tolerant groups path alone, one fault-free and one killed run per seed of --seeds, the
+two back to back and their order alternating from seed to seed (fault-free first for the first seed), so that a
+machine whose pace drifts over the hour meets both sides alike. Per seed the kill table's groups row; over the
+seeds the fault-free-paired geometric mean of useful tokens/s over fault-free, with its 95 % interval (Student t on
+the log ratios, launcher.report.stats.paired_ratio).
+
 --cluster testbed: the same on the SLURM testbed (slurm/testbed/testbed.py up first; the launcher runs through its
 lab wrapper), each federation group a SLURM job of its own. A killed group's node goes DOWN; this bench plays the
 operator who repairs it, returning it to service --repair-s seconds later (repairs.json beside the sweeps says
@@ -21,11 +27,11 @@ when). The restart path is today's SLURM path: retry_shrink=true, the run resume
 left. Per seed it also says when the lost group healed after its node was back, and group 0's longest gap between
 two steps.
 
-Run: python -m bench.fault_tolerance [--kind kill|slow] [--cluster local|testbed] [--nodes 2] [--steps 80]
-[--fault-step 30] [--checkpoint-every 16] [--speed 0.5] [--grace 0.2] [--repair-s 10] [--repeats 3] [--out DIR]
-[--report] [KEY=VALUE ...] (more launcher overrides, e.g. train=learn); --report with the same arguments prints the
-tables again from the sweeps in --out without running anything (tests/test_committed_results.py checks the
-committed study's README that way)
+Run: python -m bench.fault_tolerance [--kind kill|slow|pairs] [--seeds 45 46 ...] [--cluster local|testbed] [--nodes
+2] [--steps 80] [--fault-step 30] [--checkpoint-every 16] [--speed 0.5] [--grace 0.2] [--repair-s 10] [--repeats 3]
+[--out DIR] [--report] [KEY=VALUE ...] (more launcher overrides, e.g. train=learn); --report with the same arguments
+prints the tables again from the sweeps in --out without running anything (tests/test_committed_results.py checks
+the committed study's README that way)
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from launcher.report.stats import paired_ratio
 from train.contract.common import write_atomic
 from train.contract.result import RunResult
 from train.contract.spec import RunSpec
@@ -153,6 +160,28 @@ def healed_after_back(run: RunResult, repairs: list[dict]) -> float | None:
     return heal["at"] - min(back) if heal and back else None
 
 
+KILL_TABLE = ("| seed | path | train time (s) | fault-free (s) | time lost (s) | tokens lost or retrained | useful "
+              "tokens/s over fault-free | ln eval_ppl | fault-free | loss change | healed after node back (s) | "
+              "group 0's longest gap (s) | its median step (s) |\n|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|"
+              "---:|---:|---:|")
+
+
+def groups_row(seed: int, kill_dir: Path, free: RunResult, repairs: list[dict], lost: list[float]) -> list:
+    """Print a killed fault-tolerant run's row of the kill table (its time lost appended to `lost`); its checks
+    K1-K4 of the registered rule."""
+    killed = result(kill_dir)
+    lost.append(lost_s(killed, free))
+    healed, (gap, median) = healed_after_back(killed, repairs), longest_gap(kill_dir)
+    rate, grace = useful_rate(killed, free), RunSpec.load(kill_dir / "spec.json").train.grace_s
+    print(f"| {seed} | groups | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost[-1]:.2f} | "
+          f"{(killed.fault or {}).get('tokens_lost')} | {rate:.3f} | {loss_change(killed, free)} | {_num(healed)} | "
+          f"{_num(gap)} | {_num(median)} |")
+    return [("K1", gap < grace + median, f"longest gap {gap:.2f} s < {grace:g} + {median:.2f} s"),
+            ("K2", healed is not None and healed <= 60, f"healed {_num(healed)} s after its node was back"),
+            ("K3", rate >= 0.90, f"useful tokens/s {rate:.3f}"),
+            ("K4", abs(change(killed, free)) <= 1, f"loss change {change(killed, free):+.2f} %")]
+
+
 def kill(args, out: Path) -> None:
     fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
     checkpoints = [f"train.checkpoint_every={args.checkpoint_every}", "retries=1",
@@ -160,7 +189,7 @@ def kill(args, out: Path) -> None:
     n = args.repeats
     free_dirs, kill_dirs = (sweep(out, name, args, "train.fault_tolerance=groups", *extra)
                             for name, extra in (("groups_free", []), ("groups_kill", fault)))
-    ft_free, ft_kill = list(map(result, free_dirs)), list(map(result, kill_dirs))
+    ft_free = list(map(result, free_dirs))
     re_free, re_kill = (list(map(result, sweep(out, name, args, *checkpoints, *extra)))
                         for name, extra in (("restart_free", []), ("restart_kill", fault)))
     repairs = json.loads((out / "groups_kill" / "repairs.json").read_text()) if args.cluster == "testbed" else []
@@ -169,30 +198,47 @@ def kill(args, out: Path) -> None:
           f"{args.steps} steps, group 1 killed after step {args.fault_step}; restart path: {restart}checkpoint every "
           f"{args.checkpoint_every}, retries=1" + (f"; the node back {args.repair_s:g} s after it went DOWN"
                                                    if args.cluster == "testbed" else ""))
-    print("| seed | path | train time (s) | fault-free (s) | time lost (s) | tokens lost or retrained | useful "
-          "tokens/s over fault-free | ln eval_ppl | fault-free | loss change | healed after node back (s) | "
-          "group 0's longest gap (s) | its median step (s) |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(KILL_TABLE)
     lost, verdicts = {"groups": [], "restart": []}, []
     for k in range(n):
-        for path, killed, free in (("groups", ft_kill[k], ft_free[k]), ("restart", re_kill[k], re_free[k])):
-            f = killed.fault or {}
-            lost[path].append(lost_s(killed, free))
-            healed = healed_after_back(killed, repairs) if path == "groups" else None
-            gap, median = longest_gap(kill_dirs[k]) if path == "groups" else (None, None)
-            print(f"| {k + 1} | {path} | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost[path][-1]:.2f} | "
-                  f"{f.get('tokens_lost', f.get('tokens_retrained'))} | {useful_rate(killed, free):.3f} | "
-                  f"{loss_change(killed, free)} | {_num(healed)} | {_num(gap)} | {_num(median)} |")
-            if path == "groups":
-                grace = RunSpec.load(kill_dirs[k] / "spec.json").train.grace_s
-                verdicts.append(_verdicts(k, [
-                    ("K1", gap < grace + median, f"longest gap {gap:.2f} s < {grace:g} + {median:.2f} s"),
-                    ("K2", healed is not None and healed <= 60, f"healed {_num(healed)} s after its node was back"),
-                    ("K3", useful_rate(killed, free) >= 0.90, f"useful tokens/s {useful_rate(killed, free):.3f}"),
-                    ("K4", abs(change(killed, free)) <= 1, f"loss change {change(killed, free):+.2f} %")]))
+        verdicts.append(_verdicts(k, groups_row(k + 1, kill_dirs[k], ft_free[k], repairs, lost["groups"])))
+        killed, free = re_kill[k], re_free[k]
+        lost["restart"].append(lost_s(killed, free))
+        print(f"| {k + 1} | restart | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost['restart'][-1]:.2f} "
+              f"| {(killed.fault or {}).get('tokens_retrained')} | {useful_rate(killed, free):.3f} | "
+              f"{loss_change(killed, free)} | – | – | – |")
     print(f"\nmedian time lost: groups {statistics.median(lost['groups']):.2f} s, restart from a checkpoint "
           f"{statistics.median(lost['restart']):.2f} s; fault-free training time, groups over one world: "
           + ", ".join(f"{ft_free[k].train_time_s / re_free[k].train_time_s:.3f}" for k in range(n)))
+    print(rule(out) + "\n".join(verdicts))
+
+
+def pairs(args, out: Path) -> None:
+    fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
+    args.repeats, runs = 1, {}
+    for i, seed in enumerate(args.seeds):
+        order = (("free", []), ("kill", fault))[::1 if i % 2 == 0 else -1]
+        for name, extra in order:
+            runs[seed, name] = sweep(out / f"seed{seed}", f"groups_{name}", args, "train.fault_tolerance=groups",
+                                     f"train.seed={seed}", *extra)[0]
+    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)} on cluster={args.cluster}, "
+          f"{args.steps} steps, group 1 killed after step {args.fault_step}, fault-tolerant groups; fault-free and "
+          f"killed back to back, alternating which goes first" + (f"; the node back {args.repair_s:g} s after it went "
+                                                                  f"DOWN" if args.cluster == "testbed" else ""))
+    print(KILL_TABLE)
+    verdicts, lost, free = [], [], [result(runs[seed, "free"]) for seed in args.seeds]
+    for i, seed in enumerate(args.seeds):
+        repairs = (json.loads((out / f"seed{seed}" / "groups_kill" / "repairs.json").read_text())
+                   if args.cluster == "testbed" else [])
+        checks = groups_row(seed, runs[seed, "kill"], free[i], repairs, lost)
+        verdicts.append(f"- seed {seed}: " + "; ".join(f"{name} {'pass' if ok else 'MISS'} ({why})"
+                                                       for name, ok, why in checks if name != "K3"))
+    killed = [result(runs[seed, "kill"]) for seed in args.seeds]
+    ratio, low, high = paired_ratio([useful_rate(k, f) for k, f in zip(killed, free)], [1.0] * len(free))
+    interval = f" (95 % interval {low:.3f}-{high:.3f})" if low is not None else ""
+    verdicts.append(f"- over the {len(args.seeds)} seeds: K3 {'pass' if ratio >= 0.90 else 'MISS'} (useful tokens/s "
+                    f"over fault-free, geometric mean {ratio:.3f}{interval}; its lower end "
+                    f"{'at or above' if low is not None and low >= 0.90 else 'below'} 0.90)")
     print(rule(out) + "\n".join(verdicts))
 
 
@@ -236,7 +282,7 @@ def slow(args, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kind", choices=("kill", "slow"), default="kill")
+    parser.add_argument("--kind", choices=("kill", "slow", "pairs"), default="kill")
     parser.add_argument("--cluster", choices=("local", "testbed"), default="local")
     parser.add_argument("--repair-s", type=float, default=10.0,
                         help="--cluster testbed: seconds a killed group's node stays DOWN before it is repaired")
@@ -247,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--speed", type=float, default=0.5, help="--kind slow: the slowed group's share of its speed")
     parser.add_argument("--grace", type=float, default=0.2, help="--kind slow: train.grace_s of the groups runs")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[45, 46, 47, 48, 49, 50],
+                        help="--kind pairs: train.seed of each fault-free and killed pair")
     parser.add_argument("--out", type=Path, default=None, help="keep the sweeps here (default: a temporary folder)")
     parser.add_argument("--report", action="store_true",
                         help="run nothing: print the tables again from the sweeps an earlier run left in --out")
@@ -255,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.report and args.out is None:
         parser.error("--report reads the sweeps of an earlier run: name their folder with --out")
     with tempfile.TemporaryDirectory() as tmp:
-        (kill if args.kind == "kill" else slow)(args, args.out or Path(tmp))
+        {"kill": kill, "slow": slow, "pairs": pairs}[args.kind](args, args.out or Path(tmp))
 
 
 if __name__ == "__main__":
