@@ -286,9 +286,9 @@ STUDY_COMMANDS = {  # folder: the commands its README gives (the rule's section,
 
 @pytest.mark.parametrize("folder,kind", [(f, k) for f, kinds in STUDY_COMMANDS.items() for k in sorted(kinds)])
 def test_the_fault_tolerance_study_quotes_its_tables_as_its_sweeps_give_them(folder, kind, capsys):
-    """results/testbed/fault_tolerance/README.md, long/ and pairs/README.md: each row of the bench's tables, and each verdict
-    on the registered rule, is what `python -m bench.fault_tolerance ... --report` prints from the committed sweeps
-    today."""
+    """results/testbed/fault_tolerance/README.md, long/ and pairs/README.md: each row of the bench's tables, and
+    each verdict on the registered rule, is what `python -m bench.fault_tolerance ... --report` prints from the
+    committed sweeps today."""
     from bench import fault_tolerance
 
     study = STUDY / folder
