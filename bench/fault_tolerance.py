@@ -201,7 +201,8 @@ def kill(args, out: Path) -> None:
     print(KILL_TABLE)
     lost, verdicts = {"groups": [], "restart": []}, []
     for k in range(n):
-        verdicts.append(_verdicts(k, groups_row(k + 1, kill_dirs[k], ft_free[k], repairs, lost["groups"])))
+        verdicts.append(_verdicts(f"repeat {k + 1}", groups_row(k + 1, kill_dirs[k], ft_free[k], repairs,
+                                                                lost["groups"])))
         killed, free = re_kill[k], re_free[k]
         lost["restart"].append(lost_s(killed, free))
         print(f"| {k + 1} | restart | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost['restart'][-1]:.2f} "
@@ -215,7 +216,7 @@ def kill(args, out: Path) -> None:
 
 def pairs(args, out: Path) -> None:
     fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
-    args.repeats, runs = 1, {}
+    args.repeats, runs = 1, {}  # each launcher command one run, its seed given as train.seed
     for i, seed in enumerate(args.seeds):
         order = (("free", []), ("kill", fault))[::1 if i % 2 == 0 else -1]
         for name, extra in order:
@@ -231,8 +232,7 @@ def pairs(args, out: Path) -> None:
         repairs = (json.loads((out / f"seed{seed}" / "groups_kill" / "repairs.json").read_text())
                    if args.cluster == "testbed" else [])
         checks = groups_row(seed, runs[seed, "kill"], free[i], repairs, lost)
-        verdicts.append(f"- seed {seed}: " + "; ".join(f"{name} {'pass' if ok else 'MISS'} ({why})"
-                                                       for name, ok, why in checks if name != "K3"))
+        verdicts.append(_verdicts(f"seed {seed}", [c for c in checks if c[0] != "K3"]))  # K3: over the pairs
     killed = [result(runs[seed, "kill"]) for seed in args.seeds]
     ratio, low, high = paired_ratio([useful_rate(k, f) for k, f in zip(killed, free)], [1.0] * len(free))
     interval = f" (95 % interval {low:.3f}-{high:.3f})" if low is not None else ""
@@ -248,8 +248,8 @@ def change(run: RunResult, reference: RunResult) -> float:
     return 100 * (a - b) / b
 
 
-def _verdicts(k: int, checks: list[tuple[str, bool, str]]) -> str:
-    return f"- repeat {k + 1}: " + "; ".join(f"{name} {'pass' if ok else 'MISS'} ({why})" for name, ok, why in checks)
+def _verdicts(label: str, checks: list[tuple[str, bool, str]]) -> str:
+    return f"- {label}: " + "; ".join(f"{name} {'pass' if ok else 'MISS'} ({why})" for name, ok, why in checks)
 
 
 def _num(value: float | None) -> str:
@@ -276,7 +276,8 @@ def slow(args, out: Path) -> None:
             print(f"| {k + 1} | {path} | {a:.2f} | {b:.2f} | {b / a:.3f} | "
                   f"{loss_change(result(slowed), result(unslowed))} |")
             if path == "groups":
-                verdicts.append(_verdicts(k, [("S1", b / a >= 0.90, f"group 0's tokens/s {b / a:.3f} of unslowed")]))
+                verdicts.append(_verdicts(f"repeat {k + 1}",
+                                          [("S1", b / a >= 0.90, f"group 0's tokens/s {b / a:.3f} of unslowed")]))
     print(rule(out) + "\n".join(verdicts))
 
 
