@@ -166,9 +166,26 @@ KILL_TABLE = ("| seed | path | train time (s) | fault-free (s) | time lost (s) |
               "---:|---:|---:|")
 
 
-def groups_row(seed: int, kill_dir: Path, free: RunResult, repairs: list[dict], lost: list[float]) -> list:
+def killed_heading(args, paths: str) -> str:
+    """The kill tables' heading: the run, the fault, `paths` (what ran beside it) and, on the testbed, the repair."""
+    return (f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)} on cluster={args.cluster}, "
+            f"{args.steps} steps, group 1 killed after step {args.fault_step}{paths}"
+            + (f"; the node back {args.repair_s:g} s after it went DOWN" if args.cluster == "testbed" else ""))
+
+
+def fault_overrides(args) -> list[str]:
+    """Group 1 struck after --fault-step (killed, unless train.fault_kind says otherwise)."""
+    return [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
+
+
+def repairs_of(sweep_dir: Path, args) -> list[dict]:
+    """The repairs the bench made while a killed sweep ran (none off the testbed: no node goes DOWN)."""
+    return json.loads((sweep_dir / "repairs.json").read_text()) if args.cluster == "testbed" else []
+
+
+def groups_row(seed: int, kill_dir: Path, free: RunResult, repairs: list[dict], lost: list[float]) -> tuple:
     """Print a killed fault-tolerant run's row of the kill table (its time lost appended to `lost`); its checks
-    K1-K4 of the registered rule."""
+    K1-K4 of the registered rule, and its useful tokens/s over fault-free."""
     killed = result(kill_dir)
     lost.append(lost_s(killed, free))
     healed, (gap, median) = healed_after_back(killed, repairs), longest_gap(kill_dir)
@@ -179,11 +196,11 @@ def groups_row(seed: int, kill_dir: Path, free: RunResult, repairs: list[dict], 
     return [("K1", gap < grace + median, f"longest gap {gap:.2f} s < {grace:g} + {median:.2f} s"),
             ("K2", healed is not None and healed <= 60, f"healed {_num(healed)} s after its node was back"),
             ("K3", rate >= 0.90, f"useful tokens/s {rate:.3f}"),
-            ("K4", abs(change(killed, free)) <= 1, f"loss change {change(killed, free):+.2f} %")]
+            ("K4", abs(change(killed, free)) <= 1, f"loss change {change(killed, free):+.2f} %")], rate
 
 
 def kill(args, out: Path) -> None:
-    fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
+    fault = fault_overrides(args)
     checkpoints = [f"train.checkpoint_every={args.checkpoint_every}", "retries=1",
                    *(["retry_shrink=true"] if args.cluster == "testbed" else [])]
     n = args.repeats
@@ -192,17 +209,14 @@ def kill(args, out: Path) -> None:
     ft_free = list(map(result, free_dirs))
     re_free, re_kill = (list(map(result, sweep(out, name, args, *checkpoints, *extra)))
                         for name, extra in (("restart_free", []), ("restart_kill", fault)))
-    repairs = json.loads((out / "groups_kill" / "repairs.json").read_text()) if args.cluster == "testbed" else []
+    repairs = repairs_of(out / "groups_kill", args)
     restart = "retry_shrink=true, " if args.cluster == "testbed" else ""
-    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)} on cluster={args.cluster}, "
-          f"{args.steps} steps, group 1 killed after step {args.fault_step}; restart path: {restart}checkpoint every "
-          f"{args.checkpoint_every}, retries=1" + (f"; the node back {args.repair_s:g} s after it went DOWN"
-                                                   if args.cluster == "testbed" else ""))
+    print(killed_heading(args, f"; restart path: {restart}checkpoint every {args.checkpoint_every}, retries=1"))
     print(KILL_TABLE)
     lost, verdicts = {"groups": [], "restart": []}, []
     for k in range(n):
-        verdicts.append(_verdicts(f"repeat {k + 1}", groups_row(k + 1, kill_dirs[k], ft_free[k], repairs,
-                                                                lost["groups"])))
+        checks, _ = groups_row(k + 1, kill_dirs[k], ft_free[k], repairs, lost["groups"])
+        verdicts.append(_verdicts(f"repeat {k + 1}", checks))
         killed, free = re_kill[k], re_free[k]
         lost["restart"].append(lost_s(killed, free))
         print(f"| {k + 1} | restart | {killed.train_time_s:.2f} | {free.train_time_s:.2f} | {lost['restart'][-1]:.2f} "
@@ -215,26 +229,23 @@ def kill(args, out: Path) -> None:
 
 
 def pairs(args, out: Path) -> None:
-    fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1"]
+    fault = fault_overrides(args)
     args.repeats, runs = 1, {}  # each launcher command one run, its seed given as train.seed
     for i, seed in enumerate(args.seeds):
         order = (("free", []), ("kill", fault))[::1 if i % 2 == 0 else -1]
         for name, extra in order:
             runs[seed, name] = sweep(out / f"seed{seed}", f"groups_{name}", args, "train.fault_tolerance=groups",
                                      f"train.seed={seed}", *extra)[0]
-    print(f"\nFL+FSDP ({args.nodes},1,2) A=8 on tiny {' '.join(args.overrides)} on cluster={args.cluster}, "
-          f"{args.steps} steps, group 1 killed after step {args.fault_step}, fault-tolerant groups; fault-free and "
-          f"killed back to back, alternating which goes first" + (f"; the node back {args.repair_s:g} s after it went "
-                                                                  f"DOWN" if args.cluster == "testbed" else ""))
+    print(killed_heading(args, ", fault-tolerant groups; fault-free and killed back to back, alternating which goes "
+                               "first"))
     print(KILL_TABLE)
-    verdicts, lost, free = [], [], [result(runs[seed, "free"]) for seed in args.seeds]
-    for i, seed in enumerate(args.seeds):
-        repairs = (json.loads((out / f"seed{seed}" / "groups_kill" / "repairs.json").read_text())
-                   if args.cluster == "testbed" else [])
-        checks = groups_row(seed, runs[seed, "kill"], free[i], repairs, lost)
+    verdicts, lost, rates = [], [], []
+    for seed in args.seeds:
+        checks, rate = groups_row(seed, runs[seed, "kill"], result(runs[seed, "free"]),
+                                  repairs_of(out / f"seed{seed}" / "groups_kill", args), lost)
+        rates.append(rate)
         verdicts.append(_verdicts(f"seed {seed}", [c for c in checks if c[0] != "K3"]))  # K3: over the pairs
-    killed = [result(runs[seed, "kill"]) for seed in args.seeds]
-    ratio, low, high = paired_ratio([useful_rate(k, f) for k, f in zip(killed, free)], [1.0] * len(free))
+    ratio, low, high = paired_ratio(rates, [1.0] * len(rates))  # each rate is already killed over its partner
     interval = f" (95 % interval {low:.3f}-{high:.3f})" if low is not None else ""
     verdicts.append(f"- over the {len(args.seeds)} seeds: K3 {'pass' if ratio >= 0.90 else 'MISS'} (useful tokens/s "
                     f"over fault-free, geometric mean {ratio:.3f}{interval}; its lower end "
@@ -257,8 +268,7 @@ def _num(value: float | None) -> str:
 
 
 def slow(args, out: Path) -> None:
-    fault = [f"train.fault_step={args.fault_step}", "train.fault_group=1", "train.fault_kind=slow",
-             f"train.fault_speed={args.speed}"]
+    fault = [*fault_overrides(args), "train.fault_kind=slow", f"train.fault_speed={args.speed}"]
     groups = ["train.fault_tolerance=groups", f"train.grace_s={args.grace}"]
     runs = {name: sweep(out, name, args, *extra) for name, extra in (
         ("groups_unslowed", groups), ("groups_slowed", [*groups, *fault]), ("sync_unslowed", []),
