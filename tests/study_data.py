@@ -1,14 +1,16 @@
 """The studies' headline figures, recomputed from the committed runs (tests/test_studies.py checks that each
 study's README quotes them): seed-paired ratios between any two configurations, also across two sweeps, by a
-second implementation (SciPy's Student t interval), not the report's launcher.report.stats."""
+second implementation (a Student t interval whose quantile mpmath finds from the regularized incomplete beta
+function), not the report's launcher.report.stats (which integrates the t density)."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
+import statistics
 
-import numpy as np
-from scipy import stats
+import mpmath
 
 from tests.support import ROOT
 
@@ -35,12 +37,22 @@ def ratio(key: str, base: dict[int, dict], other: dict[int, dict]) -> tuple[floa
 
 
 def log_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """The geometric mean of `ratios` and its 95 % interval: SciPy's Student t interval of the mean log ratio."""
-    logs = np.log(ratios)
-    if stats.sem(logs) == 0:  # every pair the same ratio: SciPy's interval of zero width is nan
-        return (math.exp(logs.mean()),) * 3
-    low, high = stats.t.interval(0.95, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
-    return math.exp(logs.mean()), math.exp(low), math.exp(high)
+    """The geometric mean of `ratios` and its 95 % interval: the Student t interval of the mean log ratio."""
+    logs = [math.log(r) for r in ratios]
+    mean, sem = statistics.fmean(logs), statistics.stdev(logs) / math.sqrt(len(logs))
+    half = t_quantile(len(logs) - 1) * sem
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+@functools.cache
+def t_quantile(df: int, level: float = 0.95) -> float:
+    """The two-sided `level` quantile of Student's t with df degrees of freedom: the q at which the regularized
+    incomplete beta function I_{df/(df+q^2)}(df/2, 1/2), the probability of |t| > q, equals 1 - level."""
+    with mpmath.workdps(30):
+        tail = 1 - mpmath.mpf(level)
+        above = lambda q: mpmath.betainc(mpmath.mpf(df) / 2, 0.5, 0, df / (df + q * q), regularized=True) - tail  # noqa: E731
+        return float(mpmath.findroot(above, (mpmath.mpf(1), mpmath.mpf(64)), solver="anderson", maxsteps=500,
+                                     tol=1e-50))
 
 
 def cell(r: tuple[float, float, float], digits: int = 3) -> str:
