@@ -431,7 +431,7 @@ def test_a_lost_group_that_never_comes_back_is_left_out_once_the_others_end(test
     try:
         proc = lab(sys.executable, "-m", "launcher", "sweep=smoke", "cluster=testbed", "model=tiny", "poll_s=0.5",
                    "sweep.strategies=[fl_fsdp]", "sweep.nodes=[4]", "sweep.train.steps=30",
-                   "train.fault_tolerance=groups", "train.fault_step=10", "train.fault_group=1", "train.timeout_s=30",
+                   "train.fault_tolerance=groups", "train.fault_step=10", "train.fault_group=1", "train.timeout_s=20",
                    "retries=0", f"results_dir={tmp_path}", timeout=600, cwd=ROOT)
     finally:
         for node in _fault_downed(10):
