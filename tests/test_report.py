@@ -465,6 +465,29 @@ def test_the_prediction_compares_the_steady_step_where_the_runs_recorded_it():
     assert "measured_as" not in old.columns and old.title.endswith("(train_time_s / steps)")
 
 
+def test_a_model_parallel_runs_steady_step_keeps_both_its_measurement_and_its_degrees():
+    """A run at tp = 2 that recorded steady_step_s: the table has the "Measured as" column and the P and T columns,
+    each row a cell for each (action=validate with sweep.tp=[1,2] stopped on a row one cell longer than its
+    columns)."""
+    from launcher.report.prediction import prediction_table
+    from tests.support import make_result
+
+    start = "2026-12-01T10:00:00+00:00"
+    results = [make_result(run_id="fsdp-F1-R1-S4", train_time_s=8.0, started_at=start, steady_step_s=0.9,
+                           steady_steps=6),
+               make_result(run_id="fsdp-F1-R1-S2-T2", S=2, tp=2, train_time_s=6.0, started_at=start,
+                           steady_step_s=0.7, steady_steps=6)]
+    entry = {"predicted_ratio_to_fsdp": None, "predicted_step_s": 1.0, "predicted_step_bounds_s": [0.5, 1.0],
+             "predicted_compute_s": 0.1, "compute_source": "measured", "model": {"preset": "tiny"},
+             "predicted_comm_by_group_s": {"shard": 0.5, "replicate": 0.0, "federation": 0.0}}
+    plan = {"network": "probe x", "runs": [{**entry, "run_id": r.run_id} for r in results]}
+    table = prediction_table(results, plan)
+    assert table.columns[-3:] == ["measured_as", "pp", "tp"]
+    assert {row[0]: row[-3:] for row in table.rows} == {"fsdp-F1-R1-S4": ["steady_step_s", 1, 1],
+                                                         "fsdp-F1-R1-S2-T2": ["steady_step_s", 1, 2]}
+    assert "| Measured as | P | T |" in table.to_markdown()
+
+
 def test_the_rule_fixed_before_the_runs_judges_each_clause():
     """Issue 54's rule: ±20 % or 2 x the interval, mean |error| <= 10 %, the fastest predicted fastest, no pair
     ordered against the measurement beyond both intervals."""

@@ -91,7 +91,7 @@ def prediction_table(results: list[RunResult], plan: dict, registered: dict[str,
         columns, headers, kinds = [*columns, "measured_as"], [*headers, "Measured as"], [*kinds, "text"]
         rows = [[*row, how] for row, how in zip(rows, measured_as)]
     if model_parallel(grouped):  # the degrees as numbers, not only inside the run ids
-        columns, headers, kinds = [*COLUMNS, "pp", "tp"], [*HEADERS, "P", "T"], [*KINDS, "auto", "auto"]
+        columns, headers, kinds = [*columns, "pp", "tp"], [*headers, "P", "T"], [*kinds, "auto", "auto"]
         degrees = {r["run_id"]: [r["pp"], r["tp"]] for r in grouped}
         rows = [[*row, *degrees[row[0]]] for row in rows]
     table = Table("Step time: predicted (registered before the runs started, else post hoc) vs measured "
