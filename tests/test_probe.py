@@ -44,6 +44,7 @@ def _at_scale(rank, world):
     return rows, groups, host, zero
 
 
+RUN_IDS = ["fsdp-F1-R1-S4", "fsdp-F1-R1-S2-T2", "fl_fsdp-F2-R1-S2-A2", "fl_fsdp-F2-R1-S1-A2-T2"]  # smoke at tp = 1, 2
 TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3,
         "num_attention_heads": 2, "num_key_value_heads": 2, "max_position_embeddings": 64}
 
@@ -117,22 +118,30 @@ def test_the_summary_places_the_runs_groups_and_prices_the_slowest_of_n(tmp_path
 
 
 @pytest.mark.slow
-def test_action_probe_end_to_end_on_local_ranks(tmp_path):
-    """`python -m launcher action=probe` on cluster=local: a job on the widest run's ranks, progress echoed,
-    probe.json with a fit per (level, collective), the compute of each workload, the tp = 2 layout's stage
-    measured in place, probe.png; the next plan prices every run from it."""
+def test_action_validate_probes_plans_and_runs_with_registered_predictions(tmp_path):
+    """`python -m launcher action=validate` on cluster=local: probe -> plan -> runs -> report in one command. The
+    probe, a job on the widest run's ranks with its progress echoed, writes probe.json with a fit per (level,
+    collective), the compute of each workload, each layout's stage measured in place (tp = 1 and 2) and probe.png;
+    the plan prices every run from it; every prediction compared is registered, made with the calibration of this
+    very job; a second validation on the same directory, or a hand-picked probe, is refused. (action=probe is the
+    same probe alone, launcher.actions.probe: one command covers both, a probe here takes ~35 s.)"""
+    import csv
     import json
     import subprocess
     import sys
 
     from tests.support import clean_env
 
-    sweep = ["sweep=smoke", "train.seq_len=128", "sweep.tp=[1,2]", f"results_dir={tmp_path}"]
-    proc = subprocess.run([sys.executable, "-m", "launcher", *sweep, "action=probe", "probe.max_bytes=16777216",
-                           "probe.iters=3", "probe.budget_s=2"], capture_output=True, text=True, timeout=600,
-                          env=clean_env(slurm_client=False))
+    def launcher(*args):
+        return subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "train.seq_len=128",
+                               "sweep.tp=[1,2]", *args, f"results_dir={tmp_path}"], capture_output=True, text=True,
+                              timeout=900, env=clean_env(slurm_client=False))
+
+    proc = launcher("action=validate", "probe.max_bytes=16777216", "probe.iters=3", "probe.budget_s=2")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    probe = json.loads((tmp_path / "local" / "smoke" / "probe.json").read_text())
+    sweep = tmp_path / "local" / "smoke"
+    assert "probe written to" in proc.stdout and proc.stdout.index("probe written to") < proc.stdout.index("submitted")
+    probe = json.loads((sweep / "probe.json").read_text())
     assert probe["backend"] == "gloo" and probe["hosts"] == ["node1", "node1", "node2", "node2"]
     assert [(e["level"], e["collective"]) for e in probe["levels"]] == \
         [(lv, c) for lv in ("node", "leaf") for c in COLLECTIVES]
@@ -175,13 +184,19 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
         assert stage["one"]["forward_s"] + stage["one"]["backward_s"] > 0 and stage["rounds"] >= 9
         assert f"probe: compute of layout pp=1 tp={tp} at {batch}x128 tokens done" in proc.stdout
     assert "busbw (GB/s)" in proc.stdout and "probe written to" in proc.stdout
-    assert (tmp_path / "local" / "smoke" / "probe.png").read_bytes()[:4] == b"\x89PNG"
+    assert (sweep / "probe.png").read_bytes()[:4] == b"\x89PNG"
 
-    # the sweep's next plan reads the probe: measured compute, the probe's alpha/beta, and a step per run
-    proc = subprocess.run([sys.executable, "-m", "launcher", *sweep, "action=plan"],
-                          capture_output=True, text=True, timeout=300, env=clean_env(slurm_client=False))
+
+    # every run's prediction registered before it started, from this job's probe
+    rows = list(csv.DictReader((sweep / "prediction.csv").open()))
+    assert sorted(r["run_id"] for r in rows) == sorted(RUN_IDS)
+    assert all(r["basis"] == "registered" and r["predicted_at"] <= r["started_at"] for r in rows)
+    assert "registered predictions within ±20%" in (sweep / "prediction.md").read_text()
+
+    # the sweep's plan reads the probe: measured compute, the probe's alpha/beta, and a step per run
+    proc = launcher("action=plan")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    plan = json.loads((tmp_path / "local" / "smoke" / "plan.json").read_text())
+    plan = json.loads((sweep / "plan.json").read_text())
     assert plan["network"].startswith("probe ") and plan["network"].endswith("probe.json")
     assert [e["tp"] for e in plan["runs"]] == [1, 2, 1, 2]
     for e in plan["runs"]:
@@ -206,32 +221,10 @@ def test_action_probe_end_to_end_on_local_ranks(tmp_path):
     assert "fastest layouts on 2 nodes" in proc.stdout
 
 
-@pytest.mark.slow
-def test_action_validate_probes_then_runs_with_registered_predictions(tmp_path):
-    """probe -> plan -> runs -> report in one command: every prediction compared is registered, made with the
-    calibration of this very job; a second validation on the same directory, or a hand-picked probe, is refused."""
-    import csv
-    import subprocess
-    import sys
 
-    from tests.support import clean_env
-
-    def launcher(*args):
-        return subprocess.run([sys.executable, "-m", "launcher", "sweep=smoke", "model=tiny", "train.seq_len=128",
-                               *args, f"results_dir={tmp_path}"], capture_output=True, text=True, timeout=900,
-                              env=clean_env(slurm_client=False))
-
-    proc = launcher("action=validate", "probe.max_bytes=16777216", "probe.iters=3", "probe.budget_s=2")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    sweep = tmp_path / "local" / "smoke"
-    assert "probe written to" in proc.stdout and proc.stdout.index("probe written to") < proc.stdout.index("submitted")
-    rows = list(csv.DictReader((sweep / "prediction.csv").open()))
-    assert [r["run_id"] for r in rows] == ["fsdp-F1-R1-S4", "fl_fsdp-F2-R1-S2-A2"]
-    assert all(r["basis"] == "registered" and r["predicted_at"] <= r["started_at"] for r in rows)
-    assert "registered predictions within ±20%" in (sweep / "prediction.md").read_text()
     again = launcher("action=validate")
     assert again.returncode == 2 and again.stderr.strip().splitlines() == [
-        f"fedshard: error: action=validate needs runs that have not run yet, but {sweep} holds results of 2 "
+        f"fedshard: error: action=validate needs runs that have not run yet, but {sweep} holds results of 4 "
         f"(fsdp-F1-R1-S4, ...): use a fresh results_dir"]
     picked = launcher("action=validate", f"cluster.probe={sweep / 'probe.json'}")
     assert picked.returncode == 2 and "unset cluster.probe" in picked.stderr
