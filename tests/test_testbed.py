@@ -213,29 +213,61 @@ def _uninterrupted_losses(run_dir: Path, scratch: Path) -> list:
     return _REFERENCES[key]
 
 
-def _sweep_with_fault(results: Path, fault, *overrides: str) -> tuple[str, dict]:
-    """Run the resume sweep (with `overrides` after its own); once step 20 is checkpointed, apply fault(job_id).
-    Returns stdout and the entry."""
-    _wait_idle()
-    launcher = subprocess.Popen([LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, *overrides,
-                                 f"results_dir={results}"],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start_sweep(results: Path, *overrides: str) -> subprocess.Popen:
+    """The resume sweep (with `overrides` after its own), its launcher in the background."""
+    command = [LAB, sys.executable, "-m", "launcher", *RESUME_SWEEP, *overrides, f"results_dir={results}"]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _fault_after_step_20(results: Path, launcher: subprocess.Popen, fault) -> None:
+    """Once the run's step-20 checkpoint is written, apply fault(job_id)."""
     wait_for((results / "testbed" / "smoke" / RESUME_RUN / "checkpoints" / "step-000020").exists,
              "the step-20 checkpoint", alive=lambda: launcher.poll() is None)
     fault(json.loads((results / "testbed" / "smoke" / "manifest.jsonl").read_text())["job_id"])
+
+
+def _finish(results: Path, launcher: subprocess.Popen) -> tuple[str, dict]:
+    """The launcher's stdout once it ended (successfully) and the run's manifest entry."""
     out, err = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, out[-3000:] + err[-3000:]
     return out, json.loads((results / "testbed" / "smoke" / "manifest.jsonl").read_text())
 
 
+def _sweep_with_fault(results: Path, fault, *overrides: str) -> tuple[str, dict]:
+    """Run the resume sweep (with `overrides` after its own); once step 20 is checkpointed, apply fault(job_id).
+    Returns stdout and the entry."""
+    _wait_idle()
+    launcher = _start_sweep(results, *overrides)
+    try:
+        _fault_after_step_20(results, launcher, fault)
+        return _finish(results, launcher)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
 @pytest.mark.slow
 def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(testbed, tmp_path):
     """The reference is the same spec trained uninterrupted on forked local gloo ranks (tests/support.py): the
-    losses depend on the layout and the data, not on where the ranks run."""
-    # scancel: the job is gone; the launcher retries the run as a new job, which resumes from step >= 20.
-    out, entry = _sweep_with_fault(tmp_path / "cancelled", lambda job: lab("scancel", job).check_returncode())
+    losses depend on the layout and the data, not on where the ranks run. The two sweeps run at once, each on 2 of
+    the 4 nodes: their waits on SLURM (KillWait, a requeue's cred_expire) overlap."""
+    cancelled, preempted = tmp_path / "cancelled", tmp_path / "preempted"
+    _wait_idle()
+    launchers = {results: _start_sweep(results) for results in (cancelled, preempted)}
+    try:
+        # scancel: the job is gone; the launcher retries the run as a new job, which resumes from step >= 20.
+        _fault_after_step_20(cancelled, launchers[cancelled], lambda job: lab("scancel", job).check_returncode())
+        # Pre-emption warning (what SLURM sends before preempting or at the time limit): every task checkpoints
+        # the same step, submitit requeues the same job id, and it resumes there.
+        _fault_after_step_20(preempted, launchers[preempted],
+                             lambda job: lab("scancel", "--signal=USR2", job).check_returncode())
+        (out, entry), (requeued_out, requeued) = (_finish(r, launchers[r]) for r in (cancelled, preempted))
+    finally:
+        for launcher in launchers.values():
+            if launcher.poll() is None:
+                launcher.kill()
     assert "retrying 1 failed run(s)" in out and entry["state"] == "COMPLETED" and entry["attempts"] == 2
-    run_dir = tmp_path / "cancelled" / "testbed" / "smoke" / RESUME_RUN
+    run_dir = cancelled / "testbed" / "smoke" / RESUME_RUN
     reference = _uninterrupted_losses(run_dir, tmp_path / "reference")
     assert RunResult.load(run_dir / "result.json").resumed_from_step >= 20
     # The retry was submitted only after the cancelled job's last task had stopped writing.
@@ -243,15 +275,11 @@ def test_scancel_then_retry_and_preemption_requeue_resume_with_the_samelosses(te
     assert max(p.stat().st_mtime for p in (run_dir / "submitit" / "attempt1").iterdir()) <= retried_at
     assert losses(run_dir) == reference
 
-    # Pre-emption warning (what SLURM sends before preempting or at the time limit): every task checkpoints
-    # the same step, submitit requeues the same job id, and it resumes there.
-    signal = lambda job: lab("scancel", "--signal=USR2", job).check_returncode()  # noqa: E731
-    out, entry = _sweep_with_fault(tmp_path / "preempted", signal)
-    assert entry["state"] == "COMPLETED" and entry["attempts"] == 1 and "retrying" not in out
-    run_dir = tmp_path / "preempted" / "testbed" / "smoke" / RESUME_RUN
+    assert requeued["state"] == "COMPLETED" and requeued["attempts"] == 1 and "retrying" not in requeued_out
+    run_dir = preempted / "testbed" / "smoke" / RESUME_RUN
     result = RunResult.load(run_dir / "result.json")
     assert result.resumed_from_step >= 20
-    assert lab("scontrol", "show", "job", entry["job_id"]).stdout.count("Restarts=1") == 1
+    assert lab("scontrol", "show", "job", requeued["job_id"]).stdout.count("Restarts=1") == 1
     assert losses(run_dir) == reference
 
 
