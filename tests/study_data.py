@@ -48,11 +48,12 @@ def log_interval(ratios: list[float]) -> tuple[float, float, float]:
 def t_quantile(df: int, level: float = 0.95) -> float:
     """The two-sided `level` quantile of Student's t with df degrees of freedom: the q at which the regularized
     incomplete beta function I_{df/(df+q^2)}(df/2, 1/2), the probability of |t| > q, equals 1 - level."""
+    def beyond_minus_tail(q):
+        return mpmath.betainc(mpmath.mpf(df) / 2, 0.5, 0, df / (df + q * q), regularized=True) - (1 - level)
+
     with mpmath.workdps(30):
-        tail = 1 - mpmath.mpf(level)
-        above = lambda q: mpmath.betainc(mpmath.mpf(df) / 2, 0.5, 0, df / (df + q * q), regularized=True) - tail  # noqa: E731
-        return float(mpmath.findroot(above, (mpmath.mpf(1), mpmath.mpf(64)), solver="anderson", maxsteps=500,
-                                     tol=1e-50))
+        return float(mpmath.findroot(beyond_minus_tail, (mpmath.mpf(1), mpmath.mpf(64)), solver="anderson",
+                                     maxsteps=500, tol=1e-50))
 
 
 def cell(r: tuple[float, float, float], digits: int = 3) -> str:
