@@ -18,7 +18,7 @@ its tokens/s over the unslowed run's), and the final eval loss against the unslo
 two back to back and their order alternating from seed to seed (fault-free first for the first seed), so that a
 machine whose pace drifts over the hour meets both sides alike. Per seed the kill table's groups row; over the
 seeds the fault-free-paired geometric mean of useful tokens/s over fault-free, with its 95 % interval (Student t on
-the log ratios, launcher.report.stats.paired_ratio).
+the log ratios, launcher.report.stats.ratio_interval).
 
 --cluster testbed: the same on the SLURM testbed (slurm/testbed/testbed.py up first; the launcher runs through its
 lab wrapper), each federation group a SLURM job of its own. A killed group's node goes DOWN; this bench plays the
@@ -47,7 +47,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from launcher.report.stats import paired_ratio
+from launcher.report.stats import ratio_interval
 from train.contract.common import write_atomic
 from train.contract.result import RunResult
 from train.contract.spec import RunSpec
@@ -245,7 +245,7 @@ def pairs(args, out: Path) -> None:
                                   repairs_of(out / f"seed{seed}" / "groups_kill", args), lost)
         rates.append(rate)
         verdicts.append(_verdicts(f"seed {seed}", [c for c in checks if c[0] != "K3"]))  # K3: over the pairs
-    ratio, low, high = paired_ratio(rates, [1.0] * len(rates))  # each rate is already killed over its partner
+    ratio, low, high = ratio_interval(rates)  # each rate is its killed run's over its fault-free partner's
     interval = f" (95 % interval {low:.3f}-{high:.3f})" if low is not None else ""
     verdicts.append(f"- over the {len(args.seeds)} seeds: K3 {'pass' if ratio >= 0.90 else 'MISS'} (useful tokens/s "
                     f"over fault-free, geometric mean {ratio:.3f}{interval}; its lower end "

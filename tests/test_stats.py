@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.report.stats import ci_half_width, paired_ratio, t_quantile
+from launcher.report.stats import ci_half_width, paired_ratio, ratio_interval, t_quantile
 
 
 @pytest.mark.parametrize("df, quantile", [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (30, 2.0423),
@@ -40,6 +40,9 @@ def test_paired_ratio_is_a_geometric_mean_with_a_log_interval():
     flipped = paired_ratio([101.0, 103.0, 100.0], [100.0, 104.0, 99.0])  # the other way round: 1/x, interval too
     assert flipped[0] == pytest.approx(1 / ratio) and flipped[1] == pytest.approx(1 / high)
     assert paired_ratio([3.0], [2.0]) == (pytest.approx(1.5), None, None)
+    assert ratio_interval([100 / 101, 104 / 103, 99 / 100]) == pytest.approx((ratio, low, high))  # the ratios given
+    with pytest.raises(ValueError):
+        ratio_interval([])
     with pytest.raises(ValueError):
         paired_ratio([1.0, 2.0], [1.0])
 

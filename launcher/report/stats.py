@@ -45,12 +45,19 @@ def ci_half_width(values: list[float]) -> float | None:
 
 
 def paired_ratio(base: list[float], other: list[float]) -> tuple[float, float | None, float | None]:
-    """(ratio, low, high): the geometric mean of base_i / other_i over pairs that share a seed, with the 95 %
-    interval of that mean taken on the log ratios (so it is symmetric in "faster" and "slower"). One pair gives
-    the ratio alone (low, high None)."""
+    """(ratio, low, high): the geometric mean of base_i / other_i over pairs that share a seed, with its 95 %
+    interval (ratio_interval)."""
     if len(base) != len(other) or not base:
         raise ValueError("paired_ratio needs two equally long, non-empty lists of paired values")
-    logs = [math.log(b / o) for b, o in zip(base, other)]
+    return ratio_interval([b / o for b, o in zip(base, other)])
+
+
+def ratio_interval(ratios: list[float]) -> tuple[float, float | None, float | None]:
+    """(ratio, low, high): the geometric mean of `ratios` with the 95 % interval of that mean taken on the log
+    ratios (so it is symmetric in "faster" and "slower"). One ratio gives the ratio alone (low, high None)."""
+    if not ratios:
+        raise ValueError("ratio_interval needs at least one ratio")
+    logs = [math.log(r) for r in ratios]
     mean = statistics.fmean(logs)
     half = ci_half_width(logs)
     if half is None:
