@@ -265,6 +265,14 @@ def test_an_empty_sweep_points_at_a_sweep_in_the_old_layout(tmp_path):
         write_report(sweep_dir, [])
 
 
+def entry(run_id: str, step: float) -> dict:
+    """A plan.json run entry predicting `step` seconds, half of it the shard group's traffic."""
+    return {"run_id": run_id, "predicted_ratio_to_fsdp": None, "predicted_step_s": step,
+            "predicted_step_bounds_s": [step / 2, step], "predicted_compute_s": 0.1, "compute_source": "measured",
+            "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0},
+            "model": {"preset": "tiny"}}
+
+
 def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
     from launcher.report.prediction import order_note, prediction_table
     from tests.support import make_result
@@ -274,12 +282,6 @@ def test_predicted_step_beside_measured_with_error_order_and_plot(tmp_path):
                make_result(run_id="fl_fsdp-F2-R1-S2-A4", strategy="fl_fsdp", F=2, S=2, A=4, train_time_s=4.0,
                            started_at=start),
                make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, train_time_s=6.0, started_at=start)]
-
-    def entry(run_id, step):
-        return {"run_id": run_id, "predicted_ratio_to_fsdp": None, "predicted_step_s": step,
-                "predicted_step_bounds_s": [step / 2, step], "predicted_compute_s": 0.1, "compute_source": "measured",
-                "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0},
-                "model": {"preset": "tiny"}}
 
     def registered(run_id, step, at="2026-12-01T09:59:00+00:00"):
         return {**entry(run_id, step), "model": "tiny", "placement": "topology", "predicted_at": at}
@@ -445,12 +447,6 @@ def test_the_prediction_compares_the_steady_step_where_the_runs_recorded_it():
                            started_at=start, steady_step_s=step, steady_steps=6) for i, step in ((1, 0.7), (2, 0.9))]
     results.append(make_result(run_id="hsdp-F1-R2-S2", strategy="hsdp", R=2, S=2, train_time_s=6.0, started_at=start))
 
-    def entry(run_id, step):
-        return {"run_id": run_id, "predicted_ratio_to_fsdp": None, "predicted_step_s": step,
-                "predicted_step_bounds_s": [step / 2, step], "predicted_compute_s": 0.1, "compute_source": "measured",
-                "predicted_comm_by_group_s": {"shard": step / 2, "replicate": 0.0, "federation": 0.0},
-                "model": {"preset": "tiny"}}
-
     plan = {"network": "probe x", "runs": [entry("fsdp-F1-R1-S4-rep1", 0.88), entry("hsdp-F1-R2-S2", 0.6)]}
     table = prediction_table(results, plan)
     rows = {r[0]: r for r in table.rows}
@@ -477,10 +473,7 @@ def test_a_model_parallel_runs_steady_step_keeps_both_its_measurement_and_its_de
                            steady_steps=6),
                make_result(run_id="fsdp-F1-R1-S2-T2", S=2, tp=2, train_time_s=6.0, started_at=start,
                            steady_step_s=0.7, steady_steps=6)]
-    entry = {"predicted_ratio_to_fsdp": None, "predicted_step_s": 1.0, "predicted_step_bounds_s": [0.5, 1.0],
-             "predicted_compute_s": 0.1, "compute_source": "measured", "model": {"preset": "tiny"},
-             "predicted_comm_by_group_s": {"shard": 0.5, "replicate": 0.0, "federation": 0.0}}
-    plan = {"network": "probe x", "runs": [{**entry, "run_id": r.run_id} for r in results]}
+    plan = {"network": "probe x", "runs": [entry(r.run_id, 1.0) for r in results]}
     table = prediction_table(results, plan)
     assert table.columns[-3:] == ["measured_as", "pp", "tp"]
     assert {row[0]: row[-3:] for row in table.rows} == {"fsdp-F1-R1-S4": ["steady_step_s", 1, 1],
