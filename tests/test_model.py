@@ -1,9 +1,13 @@
 """Llama-3.1-8B shapes on the meta device, sharded per decoder layer without allocating memory."""
+import importlib.util
 import resource
+import subprocess
+import sys
 
+import pytest
 from torch.distributed.tensor import DTensor
 
-from tests.support import grid, run_ranks
+from tests.support import ROOT, grid, run_ranks
 from train import model as models
 from train.parallel import mesh as meshes
 from train.parallel import parallelize
@@ -42,3 +46,13 @@ def test_presets_and_bad_model_keys():
         models.llama_config({"preset": "huge"})
     with pytest.raises(SpecError, match="unknown model key.*hiden_size"):
         models.llama_config({"preset": "tiny", "hiden_size": 3})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("scipy") is None, reason="SciPy is not installed: nothing to leave out")
+def test_a_rank_imports_transformers_without_scipy():
+    """train.hf tells transformers SciPy is absent (its object-detection loss would import scipy.optimize, ~0.3 s
+    of every rank's start); a rank's modules, the pipeline's loss among them, then never import it."""
+    code = "import sys, train.loop, train.parallel.pipeline; print(sorted(m for m in sys.modules if 'scipy' in m))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, masking_utils
+from transformers import LlamaConfig, masking_utils
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from train.contract import presets
 from train.contract.common import SpecError
 from train.contract.sections import ModelSection, reject_unknown
+from train.hf import AttentionInterface, LlamaForCausalLM
 
 
 def llama_config(model: ModelSection | dict) -> LlamaConfig:

@@ -11,8 +11,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.masking_utils import create_causal_mask
+
+from train.hf import ForCausalLMLoss
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
