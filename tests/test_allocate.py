@@ -199,7 +199,7 @@ def test_placement_properties(topo, F, R, G, S_mult):
     expected = {"B_T": None, "B_P": None,
                 "B_S": worst([[rank(f, r, s) for s in range(S)] for f in range(F) for r in range(R)]),
                 "B_R": worst([[rank(f, r, s) for r in range(R)] for f in range(F) for s in range(S)]),
-                "B_F": worst([[rank(f, 0, s) for f in range(F)] for s in range(S)])}  # replica 0 averages
+                "B_F": worst([[rank(f, r, s) for f in range(F)] for r in range(R) for s in range(S)])}
     assert p.bandwidth == expected
     present = [b for b in expected.values() if b is not None]
     assert p.hierarchy_ok == all(a >= b for a, b in zip(present, present[1:]))

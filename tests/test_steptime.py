@@ -166,6 +166,11 @@ def test_load_of_placed_layouts():
     fl = place(grid(4, 1, 2), 2, topo)
     assert load(fl, grid(4, 1, 2), topo) == {"shard": {-1: 1}, "replicate": {}, "federation": {0: 2, 1: 2},
                                        "pipeline": {}, "tensor": {}}
+    # FL+HSDP (2,2,2): each of the 2 replicas of both shards averages its part across the trunk, 4 pairs at once
+    # (train.federation.federated); counting replica 0's 2 alone priced the testbed's FedAvg at half its time
+    hsdp = place(grid(2, 2, 2), 2, topo)
+    assert load(hsdp, grid(2, 2, 2), topo) == {"shard": {-1: 1}, "replicate": {0: 2}, "federation": {0: 2, 1: 4},
+                                         "pipeline": {}, "tensor": {}}
     fsdp = place(grid(1, 1, 8), 2, topo)
     assert load(fsdp, grid(1, 1, 8), topo) == {"shard": {0: 1, 1: 1}, "replicate": {}, "federation": {}, "pipeline": {},
                                          "tensor": {}}

@@ -107,7 +107,8 @@ def _name_key(node: str) -> list:
 
 def communicators(layout: Layout) -> dict[str, list[list[tuple]]]:
     """The (f, r, s, p, t) members of every shard, replicate, federation, pipeline and tensor-parallel group; in
-    FL+HSDP only replica 0 of each group averages across groups (train.federation.federated)."""
+    FL+HSDP every replica averages its 1/R of the shard across the groups (train.federation.federated), so the
+    federation has R x S groups, all at once on the links they share."""
     return _communicators(*layout.shape)
 
 
@@ -118,7 +119,7 @@ def _communicators(F: int, R: int, S: int, P: int, T: int) -> dict[str, list[lis
     mp = [(p, t) for p in range(P) for t in range(T)]
     return {"shard": [[(f, r, s, p, t) for s in range(S)] for f in range(F) for r in range(R) for p, t in mp],
             "replicate": [[(f, r, s, p, t) for r in range(R)] for f in range(F) for s in range(S) for p, t in mp],
-            "federation": [[(f, 0, s, p, t) for f in range(F)] for s in range(S) for p, t in mp],
+            "federation": [[(f, r, s, p, t) for f in range(F)] for r in range(R) for s in range(S) for p, t in mp],
             "pipeline": [[(f, r, s, p, t) for p in range(P)] for f in range(F) for r in range(R) for s in range(S)
                          for t in range(T)],
             "tensor": [[(f, r, s, p, t) for t in range(T)] for f in range(F) for r in range(R) for s in range(S)
