@@ -80,6 +80,24 @@ def test_the_probe_keeps_distributions_times_given_groups_and_the_hosts_cost():
     assert z["on"]["step_s"] > 0 and z["off"]["step_s"] > 0
 
 
+def test_the_runs_groups_are_timed_on_the_seats_they_hold_in_the_run():
+    """The testbed in fedshard's order: the plan numbers ranks tb2 tb2 tb4 tb4 (leaf1) tb1 tb1 tb3 tb3 (leaf2), the
+    probe's ranks start in SLURM's order tb1 tb1 tb2 tb2 tb3 tb3 tb4 tb4. FL+HSDP (2,2,2)'s FedAvg pairs (f = 0, 1 at
+    the same replica and shard) cross the trunk in the run, so they must in the probe: rank 0 of the plan (tb2's
+    first) is the probe's rank 2, rank 4 (tb1's first) its rank 0. A seat the probe has not is left out."""
+    from train.job.probe import on_ranks_here
+
+    planned = ["tb2", "tb2", "tb4", "tb4", "tb1", "tb1", "tb3", "tb3"]
+    here = ["tb1", "tb1", "tb2", "tb2", "tb3", "tb3", "tb4", "tb4"]
+    fed = {"collective": "all_reduce", "groups": [[0, 4], [1, 5], [2, 6], [3, 7]], "kinds": ["federation"]}
+    [moved] = on_ranks_here([fed], planned, here)
+    assert moved["groups"] == [[2, 0], [3, 1], [6, 4], [7, 5]]
+    assert [[here[r] for r in g] for g in moved["groups"]] == [["tb2", "tb1"], ["tb2", "tb1"], ["tb4", "tb3"],
+                                                              ["tb4", "tb3"]]
+    assert on_ranks_here([fed], planned, planned) == [fed]  # where the probe stands as planned, nothing moves
+    assert on_ranks_here([fed], planned, here[:6] + ["tb5", "tb5"]) == []  # tb4's seats are not in the probe
+
+
 def test_the_summary_places_the_runs_groups_and_prices_the_slowest_of_n(tmp_path):
     """summarise: each `scale` row gets the level its groups cross, the flows on that level's busiest link, its own
     fit, how it compares with the level's 2-rank fit at its ranks and flows (vs_level), and the expected slowest

@@ -35,6 +35,28 @@ def pairs(levels: dict[str, list[list[int]]], sizes: list[int], collectives) -> 
     return out
 
 
+def on_ranks_here(groups: list[dict], planned: list[str], hosts: list[str]) -> list[dict]:
+    """The runs' groups (launcher.actions.probe.run_groups) as the probe's ranks that hold them: they were numbered
+    by the planned hosts, but the probe's ranks stand where the scheduler started them (a run placed in the job is
+    reordered before it trains; the probe is not), so each planned rank becomes the rank on the same seat (its host,
+    the k-th rank there). Without this a run's FedAvg pairs across the trunk were timed on pairs under one leaf. A
+    group with a seat no rank holds here is left out."""
+    seats: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        seats.setdefault(host, []).append(rank)
+    taken: dict[str, int] = {}
+    here = []
+    for host in planned:
+        k = taken[host] = taken.get(host, -1) + 1
+        here.append(seats[host][k] if k < len(seats.get(host, [])) else None)
+    out = []
+    for spec in groups:
+        mapped = [[here[r] for r in g] for g in spec["groups"]]
+        if not any(None in g for g in mapped):
+            out.append({**spec, "groups": mapped})
+    return out
+
+
 def run(ranks, work, out_path: str, level_groups, collectives) -> None:
     """`ranks`: where and how the ranks run (hosts, topology, device, backend, timeout_s); `work`: sizes, iters,
     workloads, layouts, budget_s, the runs' groups and 0-layer layouts; `level_groups(hosts, parent, level)`: the rank
@@ -58,8 +80,8 @@ def run(ranks, work, out_path: str, level_groups, collectives) -> None:
     say = lambda text: print(text, flush=True)  # noqa: E731
     budget_s = work.budget_s
     rows = measure(env.rank, levels, work.sizes, collectives, device, iters=work.iters, progress=say)
-    scale = measure_groups(env.rank, pairs(levels, work.sizes, collectives) + work.groups,
-                           device, iters=work.iters, progress=say)
+    groups = pairs(levels, work.sizes, collectives) + on_ranks_here(work.groups, ranks.hosts, hosts)
+    scale = measure_groups(env.rank, groups, device, iters=work.iters, progress=say)
     barrier_s = barrier_seconds(device)
     host = {"collective_s": collective_seconds(collectives, device)}
     compute = calibrate(env.rank, work.workloads, device, iters=work.iters, budget_s=budget_s, progress=say)
