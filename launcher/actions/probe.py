@@ -113,8 +113,9 @@ def run_groups(planned: list, hosts: list[str], max_bytes: int) -> list[dict]:
     """The sweep's runs' data-parallel communicators as the probe's ranks, for measure_groups: [{collective, groups
     (each in the run's rank order, all of a kind at once, as the run has them), sizes (unit_bytes, at most max_bytes,
     and 1 KiB so every row spans two sizes), kinds, runs (configurations)}], one per distinct (collective, groups).
-    A run's rank goes to a probe rank on the same host (the probe runs on the widest run's placement); a run on a
-    host the probe has not is left out."""
+    A run's rank goes to a probe rank on the same host as the widest run's plan numbers them (the probe runs on its
+    placement); the job moves each to the rank that holds the same seat where the ranks really stand
+    (train.job.probe.on_ranks_here). A run on a host the probe has not is left out."""
     slots: dict[str, list[int]] = {}
     for rank, host in enumerate(hosts):
         slots.setdefault(host, []).append(rank)
