@@ -50,7 +50,7 @@ def test_presets_and_bad_model_keys():
 
 @pytest.mark.skipif(importlib.util.find_spec("scipy") is None, reason="SciPy is not installed: nothing to leave out")
 def test_a_rank_imports_transformers_without_scipy():
-    """train.hf tells transformers SciPy is absent (its object-detection loss would import scipy.optimize, ~0.3 s
+    """train/model.py tells transformers SciPy is absent (its object-detection loss would import scipy.optimize, ~0.3 s
     of every rank's start); a rank's modules, the pipeline's loss among them, then never import it."""
     code = "import sys, train.loop, train.parallel.pipeline; print(sorted(m for m in sys.modules if 'scipy' in m))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -11,7 +11,7 @@ MAX_PARAMETERS = 8
 # is a folder, or a top-level module standing alone; the package's __init__ (a docstring) belongs to none.
 FLOORS = {
     "launcher": [{"settings"}, {"slurm"}, {"placement"}, {"core"}, {"records"}, {"report"}, {"actions"}, {"__main__"}],
-    "train": [{"contract", "hf"}, {"data", "runtime", "model", "optim"}, {"parallel"}, {"federation"}, {"measure"},
+    "train": [{"contract"}, {"data", "runtime", "model", "optim"}, {"parallel"}, {"federation"}, {"measure"},
               {"loop"}, {"job"}, {"__main__"}],
 }
 CORE = "core"  # launcher's top-level modules but __main__: the core every action uses

@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, masking_utils
+import transformers.utils
+
+# transformers imports scipy.optimize (its object-detection loss's box matcher) whenever SciPy is installed: about
+# 0.3 s of CPU in every rank's start that no step here uses. Reported absent before transformers.loss is first
+# imported (by LlamaForCausalLM below); train/parallel/pipeline.py takes the causal-LM loss from here for that reason.
+transformers.utils.is_scipy_available = lambda: False
+
+from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM, masking_utils
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.loss.loss_utils import ForCausalLMLoss  # noqa: F401 -- the pipeline's loss, imported after the flag
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from train.contract import presets
 from train.contract.common import SpecError
 from train.contract.sections import ModelSection, reject_unknown
-from train.hf import AttentionInterface, LlamaForCausalLM
 
 
 def llama_config(model: ModelSection | dict) -> LlamaConfig:
