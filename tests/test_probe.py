@@ -85,17 +85,21 @@ def test_the_runs_groups_are_timed_on_the_seats_they_hold_in_the_run():
     probe's ranks start in SLURM's order tb1 tb1 tb2 tb2 tb3 tb3 tb4 tb4. FL+HSDP (2,2,2)'s FedAvg pairs (f = 0, 1 at
     the same replica and shard) cross the trunk in the run, so they must in the probe: rank 0 of the plan (tb2's
     first) is the probe's rank 2, rank 4 (tb1's first) its rank 0. A seat the probe has not is left out."""
+    from train.contract.layout import seats
     from train.job.probe import on_ranks_here
 
     planned = ["tb2", "tb2", "tb4", "tb4", "tb1", "tb1", "tb3", "tb3"]
     here = ["tb1", "tb1", "tb2", "tb2", "tb3", "tb3", "tb4", "tb4"]
-    fed = {"collective": "all_reduce", "groups": [[0, 4], [1, 5], [2, 6], [3, 7]], "kinds": ["federation"]}
-    [moved] = on_ranks_here([fed], planned, here)
-    assert moved["groups"] == [[2, 0], [3, 1], [6, 4], [7, 5]]
+    assert seats(planned)[:3] == [("tb2", 0), ("tb2", 1), ("tb4", 0)]
+    pairs = [[0, 4], [1, 5], [2, 6], [3, 7]]  # in the plan's numbering
+    fed = {"collective": "all_reduce", "seats": [[seats(planned)[r] for r in g] for g in pairs],
+           "kinds": ["federation"]}
+    [moved] = on_ranks_here([fed], here)
+    assert moved == {"collective": "all_reduce", "kinds": ["federation"], "groups": [[2, 0], [3, 1], [6, 4], [7, 5]]}
     assert [[here[r] for r in g] for g in moved["groups"]] == [["tb2", "tb1"], ["tb2", "tb1"], ["tb4", "tb3"],
                                                               ["tb4", "tb3"]]
-    assert on_ranks_here([fed], planned, planned) == [fed]  # where the probe stands as planned, nothing moves
-    assert on_ranks_here([fed], planned, here[:6] + ["tb5", "tb5"]) == []  # tb4's seats are not in the probe
+    assert on_ranks_here([fed], planned)[0]["groups"] == pairs  # where the probe stands as planned, nothing moves
+    assert on_ranks_here([fed], here[:6] + ["tb5", "tb5"]) == []  # tb4's seats are not in the probe
 
 
 def test_the_summary_places_the_runs_groups_and_prices_the_slowest_of_n(tmp_path):

@@ -30,6 +30,7 @@ from launcher.settings import Settings
 from launcher.submit import task_lines
 from train.contract.common import ConfigError, SubmitError, write_atomic
 from train.contract.config import TrainConfig
+from train.contract.layout import seats
 from train.contract.machine import label
 from train.contract.spec import FEDAVG_CHUNK_BYTES
 
@@ -109,32 +110,22 @@ def unit_bytes(run) -> dict[tuple[str, str], list[float]]:
 AXIS = {"federation": 0, "replicate": 1, "shard": 2}  # a group kind's coordinate in (f, r, s, p, t)
 
 
-def run_groups(planned: list, hosts: list[str], max_bytes: int) -> list[dict]:
-    """The sweep's runs' data-parallel communicators as the probe's ranks, for measure_groups: [{collective, groups
-    (each in the run's rank order, all of a kind at once, as the run has them), sizes (unit_bytes, at most max_bytes,
-    and 1 KiB so every row spans two sizes), kinds, runs (configurations)}], one per distinct (collective, groups).
-    A run's rank goes to a probe rank on the same host as the widest run's plan numbers them (the probe runs on its
-    placement); the job moves each to the rank that holds the same seat where the ranks really stand
-    (train.job.probe.on_ranks_here). A run on a host the probe has not is left out."""
-    slots: dict[str, list[int]] = {}
-    for rank, host in enumerate(hosts):
-        slots.setdefault(host, []).append(rank)
+def run_groups(planned: list, max_bytes: int) -> list[dict]:
+    """The sweep's runs' data-parallel communicators, for measure_groups: [{collective, seats (each group in the
+    run's rank order, all of a kind at once, as the run has them, every rank by its seat: host and place there,
+    train.contract.layout.seats), sizes (unit_bytes, at most max_bytes, and 1 KiB so every row spans two sizes),
+    kinds, runs (configurations)}], one per distinct (collective, seats). The probe's job times each on the ranks
+    holding those seats where its ranks really started (train.job.probe.on_ranks_here)."""
     specs: dict[tuple, dict] = {}
     for p in planned:
-        taken: dict[str, int] = {}
-        ranks = []
-        for host in p.placement.hosts:
-            taken[host] = taken.get(host, 0) + 1
-            ranks.append(slots[host][taken[host] - 1] if taken[host] <= len(slots.get(host, [])) else None)
-        if None in ranks:
-            continue
+        where = seats(p.placement.hosts)
         for (kind, collective), sizes in unit_bytes(p.run).items():
             axis, by_rest = AXIS[kind], {}
-            for rank, c in zip(ranks, p.placement.coords):
-                by_rest.setdefault(tuple(c[:axis]) + tuple(c[axis + 1:]), []).append((c[axis], rank))
-            groups = [[r for _, r in sorted(g)] for g in by_rest.values()]
+            for seat, c in zip(where, p.placement.coords):
+                by_rest.setdefault(tuple(c[:axis]) + tuple(c[axis + 1:]), []).append((c[axis], seat))
+            groups = [[seat for _, seat in sorted(g)] for g in by_rest.values()]
             spec = specs.setdefault((collective, tuple(map(tuple, groups))),
-                                    {"collective": collective, "groups": groups, "sizes": {1024}, "kinds": [],
+                                    {"collective": collective, "seats": groups, "sizes": {1024}, "kinds": [],
                                      "runs": []})
             spec["sizes"] |= {int(min(b, max_bytes)) for b in sizes}
             spec["kinds"] += [kind] * (kind not in spec["kinds"])
@@ -334,8 +325,7 @@ def probe(settings: Settings, runs: list | None = None) -> Path:
                               widest.run.spec.train.timeout_s),
                    ProbeWork(sizes(settings.probe.max_bytes), settings.probe.iters,
                              workloads([p.run for p in planned]), layouts([p.run for p in planned]),
-                             settings.probe.budget_s, run_groups(planned, widest.placement.hosts,
-                                                                 settings.probe.max_bytes),
+                             settings.probe.budget_s, run_groups(planned, settings.probe.max_bytes),
                              zero_layer([p.run for p in planned])), str(raw_path))
     submitted = scheduler.submit_job(scheduler.executor(widest, folder / "submitit"), job, "the probe",
                                      folder / "submitit")

@@ -15,6 +15,17 @@ from train.contract.common import SpecError
 NAMES = ("fed", "replicate", "shard", "pp", "tp")  # the mesh's dimensions, outermost first (train.parallel.mesh)
 
 
+def seats(hosts: list[str]) -> list[tuple[str, int]]:
+    """Each rank's seat, (its host, its place among that host's ranks), in rank order: what names the same rank in
+    two numberings of one allocation (a plan's, and the order a job's ranks were really started in)."""
+    taken: dict[str, int] = {}
+    out = []
+    for host in hosts:
+        out.append((host, taken.get(host, 0)))
+        taken[host] = out[-1][1] + 1
+    return out
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str        # as sweeps and run ids spell it: fl_hsdp

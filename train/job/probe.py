@@ -13,6 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from train.contract.common import write_atomic
+from train.contract.layout import seats
 from train.contract.machine import describe as describe_machine
 from train.measure.calibrate import calibrate
 from train.measure.calibrate_layout import calibrate_layouts
@@ -35,25 +36,17 @@ def pairs(levels: dict[str, list[list[int]]], sizes: list[int], collectives) -> 
     return out
 
 
-def on_ranks_here(groups: list[dict], planned: list[str], hosts: list[str]) -> list[dict]:
-    """The runs' groups (launcher.actions.probe.run_groups) as the probe's ranks that hold them: they were numbered
-    by the planned hosts, but the probe's ranks stand where the scheduler started them (a run placed in the job is
-    reordered before it trains; the probe is not), so each planned rank becomes the rank on the same seat (its host,
-    the k-th rank there). Without this a run's FedAvg pairs across the trunk were timed on pairs under one leaf. A
-    group with a seat no rank holds here is left out."""
-    seats: dict[str, list[int]] = {}
-    for rank, host in enumerate(hosts):
-        seats.setdefault(host, []).append(rank)
-    taken: dict[str, int] = {}
-    here = []
-    for host in planned:
-        k = taken[host] = taken.get(host, -1) + 1
-        here.append(seats[host][k] if k < len(seats.get(host, [])) else None)
+def on_ranks_here(specs: list[dict], hosts: list[str]) -> list[dict]:
+    """The runs' groups (launcher.actions.probe.run_groups gives them as seats) as the ranks holding those seats
+    here: the probe's ranks stand where the scheduler started them, and a run placed in the job is reordered before
+    it trains while the probe is not, so the plan's rank numbers would time a run's FedAvg pairs across the trunk
+    on pairs under one leaf. A group with a seat no rank holds here is left out."""
+    rank_of = {seat: rank for rank, seat in enumerate(seats(hosts))}
     out = []
-    for spec in groups:
-        mapped = [[here[r] for r in g] for g in spec["groups"]]
-        if not any(None in g for g in mapped):
-            out.append({**spec, "groups": mapped})
+    for spec in specs:
+        groups = [[rank_of.get(tuple(seat)) for seat in g] for g in spec["seats"]]
+        if not any(None in g for g in groups):
+            out.append({**{k: v for k, v in spec.items() if k != "seats"}, "groups": groups})
     return out
 
 
@@ -80,7 +73,7 @@ def run(ranks, work, out_path: str, level_groups, collectives) -> None:
     say = lambda text: print(text, flush=True)  # noqa: E731
     budget_s = work.budget_s
     rows = measure(env.rank, levels, work.sizes, collectives, device, iters=work.iters, progress=say)
-    groups = pairs(levels, work.sizes, collectives) + on_ranks_here(work.groups, ranks.hosts, hosts)
+    groups = pairs(levels, work.sizes, collectives) + on_ranks_here(work.groups, hosts)
     scale = measure_groups(env.rank, groups, device, iters=work.iters, progress=say)
     barrier_s = barrier_seconds(device)
     host = {"collective_s": collective_seconds(collectives, device)}
