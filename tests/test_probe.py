@@ -37,11 +37,15 @@ def _at_scale(rank, world):
     rows = measure(rank, {"node": [[0, 1]]}, [1 << 10, 1 << 16], ("all_reduce",), iters=3)
     groups = measure_groups(rank, [{"collective": "all_gather", "groups": [[1, 0]], "sizes": [1 << 10, 1 << 16],
                                     "kinds": ["shard"], "runs": ["fsdp-F1-R1-S2"]}], iters=3)
+    import torch.distributed as dist
+
+    from train.measure.probe import _groups
+    order = dist.get_process_group_ranks(_groups(rank, [[1, 0]], "cpu")[0])  # the given order, not sorted
     host = collective_seconds(("all_reduce", "all_gather"))
     fsdp = {"model": TINY, "batch_per_rank": 2, "seq_len": 16, "precision": "fp32", "strategy": "fsdp", "F": 1,
             "R": 1, "S": 2}
     zero = zero_layer_steps(rank, [fsdp, {**fsdp, "S": 3}], iters=2, budget_s=0.0)
-    return rows, groups, host, zero
+    return rows, groups, host, zero, order
 
 
 # smoke at tp = 1 and 2, in the report's order (the paper's strategies, then F, A and the run id)
@@ -53,11 +57,13 @@ TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidd
 def test_the_probe_keeps_distributions_times_given_groups_and_the_hosts_cost():
     """Issue 54, items 2 and 4, on 2 gloo ranks: every point keeps its calls' distribution (quantiles of every
     member's seconds, the slowest member per call with an interval); a run's own communicator is timed at its own
-    sizes; a collective's host cost on a one-rank group; a 0-layer step with its layout's collectives on and off,
-    their difference paired per round, and a layout the ranks cannot hold skipped."""
+    sizes, its members in the order given (the run's ring, not the probe's rank order); a collective's host cost on
+    a one-rank group; a 0-layer step with its layout's collectives on and off, their difference paired per round,
+    and a layout the ranks cannot hold skipped."""
     results = run_ranks(_at_scale, 2)
     assert results[0] == results[1]  # the same numbers on every rank
-    rows, groups, host, zero = results[0]
+    rows, groups, host, zero, order = results[0]
+    assert order == [1, 0]  # a ring in the run's order (train.measure.probe._groups)
     for row in (*rows, *groups):
         assert len(row["dist"]) == len(row["points"]) == 2 and row["setup_s"] > 0  # its communicators created
         assert all(d["first_call_s"] > 0 for d in row["dist"])  # the warm-up call, a communicator's first use

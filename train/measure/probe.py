@@ -90,9 +90,12 @@ def _point(collective: str, size: int, groups: list[list[int]], mine, device: st
 
 def _groups(rank: int, groups: list[list[int]], device: str) -> tuple[object, float]:
     """(this rank's communicator or None, the slowest rank's seconds creating them all): every rank creates every
-    group, in order (dist.new_group is collective); gloo connects its members there, as a run does at its start."""
+    group, in order (dist.new_group is collective); gloo connects its members there, as a run does at its start.
+    Each group's members keep the order given, the run's rank order: a gloo ring passes its bytes from one member
+    to the next in that order, so sorted by the probe's own rank numbers a ring of 4 nodes under two leaves could
+    cross the trunk at every hop where the run's crosses it twice, and cost twice the run's."""
     start = time.perf_counter()
-    made = [dist.new_group(g) for g in groups]
+    made = [dist.new_group(g, sort_ranks=False) for g in groups]
     took = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     dist.all_reduce(took, op=dist.ReduceOp.MAX)
     return next((h for g, h in zip(groups, made) if rank in g), None), took.item()
