@@ -10,7 +10,7 @@ from tests.support import load_testbed as _testbed
 from train.contract.common import SubmitError
 
 
-@pytest.mark.parametrize("name", ["testbed_uneven", "testbed_holdout"])
+@pytest.mark.parametrize("name", ["testbed_uneven", "testbed_holdout", "testbed_unseen"])
 def test_a_shape_builds_what_the_launcher_reads(name):
     """testbed.py merges a shape's network on testbed.yaml's as Hydra merges the cluster file: both see one network."""
     built = _testbed().described(name)
