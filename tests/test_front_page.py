@@ -16,6 +16,7 @@ from tests.support import ROOT
 FRONT, FINDINGS = "README.md", "results/README.md"
 TABLE3 = "results/testbed/testbed_table3/table3.md"
 TESTBED = "results/testbed/README.md"
+UNSEEN = "results/testbed_unseen/README.md"
 STUDIES = "results/studies"
 FAULT_TOLERANCE = "results/testbed/fault_tolerance/README.md"
 FAULT_TOLERANCE_LONG = "results/testbed/fault_tolerance/long/README.md"
@@ -52,7 +53,6 @@ QUOTES = [
     (FRONT, "it put 0 of 8 configurations within ±20 % of the measured step for `tiny` in fedshard's rank order, 7 of "
             "8 for `mini`, 4 of 8 for `tiny` in SLURM's order and 4 of 8 for `tiny` with tensor and pipeline "
             "parallelism", TESTBED, ("| condition | within ±20 % |", *CONDITIONS)),
-    (FRONT, "(`mini`, mean |error| 9.5 %)", TESTBED, CONDITIONS[1]),
     (FRONT, "(FL+FSDP ends 5.4 % above FSDP)", f"{STUDIES}/batch_control/README.md",
      "ends 5.4 % above full-batch FSDP"),
     # results/README.md: the evidence rules
@@ -91,8 +91,17 @@ QUOTES = [
      "11 of 24 within ±20 %, mean |error| 26.6 %, against 12 of 24 and 19.6 % before the fixes"),
     (FINDINGS, "FL+HSDP on `mini` went from −32.1 % to −3.7 %", TESTBED, "(on `mini` −32.1 → −3.7 %;"),
     (FINDINGS, "to +96.8 %", TESTBED, "| after the two fixes: testbed, `mini` | 2 of 6 | 50.1 % | FSDP +96.8 % |"),
+    (FINDINGS, "(6 of 6 each, mean |error| 4.9 % and 5.4 %)", UNSEEN,
+     ("| fedshard's order, `tiny` | 6 of 6 | 4.9 % |", "| fedshard's order, `mini` | 6 of 6 | 5.4 % |")),
+    (FINDINGS, "(5 of 6, 11.6 %)", UNSEEN, "| SLURM's order, `tiny` | 5 of 6 | 11.6 % |"),
+    (FINDINGS, "(11 of 12, 14.5 %, one pair wrong)", UNSEEN,
+     "| fedshard's order, `tiny`, tp and pp | 11 of 12 | 14.5 % | FL+FSDP +45.0 % | yes | 1 of 66 |"),
+    (FINDINGS, "28 of 30 within ±20 %, mean |error| 10.2 %", UNSEEN,
+     ("28 of 30 configurations within ±20 %", "mean |error| 10.2 %")),
     (FRONT, "19 of 30 configurations within ±20 %", TESTBED, "19 of 30 within ±20 %"),
     (FRONT, "11 of 24 (mean |error| 26.6 %)", TESTBED, "11 of 24 within ±20 %, mean |error| 26.6 %"),
+    (FRONT, "28 of 30 within ±20 % in four conditions (mean |error| 10.2 %)", UNSEEN,
+     ("28 of 30 configurations within ±20 %", "mean |error| 10.2 %")),
     (FRONT, "(mean |error|", TESTBED, "mean |error|"),
     (FRONT, "16.2 %;", TESTBED, "mean |error| 16.2 %"),
     (FRONT, "`mini` on the hold-out shape passes, 6.5 %)", TESTBED, SHAPES[4]),
