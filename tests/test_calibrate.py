@@ -158,14 +158,20 @@ def test_the_timed_stage_is_parallelised_as_training_parallelises_it():
 
 def _scripted_layout(rank, world):
     """calibrate_layouts at pp = tp = 1 with the stage's step replaced by one that records its depth: one stage of
-    3 layers, run at 1, 2 and 3."""
+    3 layers, run at 1, 2 and 3; rank r's steps take 1 + r times rank 0's, and use (1 + r) x (4 + 2 x depth) ms of
+    CPU."""
+    import time
+
     from train.measure import calibrate_layout as cal
 
     depths = []
 
     def step(self):
         depths.append(self.model.config.num_hidden_layers)
-        return 0.01 + 0.002 * depths[-1], 0.02 + 0.004 * depths[-1], 0.001
+        until = time.process_time() + (1 + rank) * (0.004 + 0.002 * depths[-1])
+        while time.process_time() < until:
+            pass
+        return tuple((1 + rank) * s for s in (0.01 + 0.002 * depths[-1], 0.02 + 0.004 * depths[-1], 0.001))
     cal._Stage.step = step
     [w] = cal.calibrate_layouts(rank, [{**LAYOUT, "pp": 1, "tp": 1, "microbatches": 1}], budget_s=0.0)
     return w, depths
@@ -177,6 +183,16 @@ def test_a_layout_without_stages_is_one_model_run_at_each_depth():
     assert w["one"]["forward_s"] == pytest.approx(0.012) and w["layer"]["forward_s"] == pytest.approx(0.002)
     assert w["one"]["backward_s"] == pytest.approx(0.024) and w["layer"]["backward_s"] == pytest.approx(0.004)
     assert w["resolved"]["forward_backward"]
+
+
+def test_a_layout_keeps_its_slowest_ranks_seconds_and_its_mean_ranks_cpu():
+    """Rank 1 steps twice as long as rank 0: `one` and `layer` are rank 1's seconds; `cpu` the two ranks' mean CPU
+    seconds, 1.5 x rank 0's 6 ms at one layer and 2 ms a layer more."""
+    results = run_ranks(_scripted_layout, 2)
+    assert results[0][0] == results[1][0]
+    w = results[0][0]
+    assert w["one"]["forward_s"] == pytest.approx(0.024) and w["layer"]["backward_s"] == pytest.approx(0.008)
+    assert w["cpu"]["one"] == pytest.approx(0.009, rel=0.2) and w["cpu"]["layer"] == pytest.approx(0.003, rel=0.2)
 
 
 def test_a_medians_interval_is_distribution_free():

@@ -187,3 +187,45 @@ def test_cpu_ranks_share_the_cores_of_the_machine_they_run_on(tmp_path):
         assert predictor.cores(layout, estimated) == Cores(8, 2, 1, 1, wire)
     gpu = Predictor(compose(["sweep=smoke", "cluster=leonardo", f"results_dir={tmp_path}"]), topo)
     assert gpu.cores(layout, measured) is None
+
+
+
+def test_a_federated_layout_between_averages_runs_on_its_ranks_cpu_seconds(tmp_path):
+    """launcher.prediction: the probe's in-place stage step is the slowest of the world's ranks, as FSDP and a layout
+    averaging every step wait for; between averages no group waits for another, so where ranks share cores the step
+    is the mean rank's CPU seconds times ranks per core (8 ranks on 2 cores: 4), when that is shorter; on GPU, and
+    with a probe that kept no CPU seconds, the slowest as before."""
+    from launcher.placement import topology
+    from launcher.prediction import Predictor, Workload, between_averages
+    from launcher.settings import compose
+    from train.contract.presets import PRESETS
+
+    kwargs = dict(PRESETS["tiny"])  # 2 layers
+    measured = {"model": kwargs, "batch_per_rank": 4, "seq_len": 64, "precision": "fp32", "pp": 1, "tp": 2,
+                "microbatches": 1, "pp_schedule": "1f1b", "sequence_parallel": False,
+                "one": {"forward_s": 0.06, "backward_s": 0.04, "optimizer_s": 0.02},
+                "layer": {"forward_s": 0.02, "backward_s": 0.04, "optimizer_s": 0.02},
+                "cpu": {"one": 0.025, "layer": 0.015}}
+    topo = topology.ideal(4, [1, 4]).with_bandwidth([1e9, 1e8], "test")
+    work = Workload(kwargs, 4, 64, "fp32")
+
+    def compute(cluster: str, layout: Layout) -> Compute:
+        predictor = Predictor(compose(["sweep=smoke", f"cluster={cluster}", f"results_dir={tmp_path}"]), topo)
+        predictor.probe = {"layouts": [measured], "hosts": ["n1"] * 4 + ["n2"] * 4,
+                           "machine": {"cores": 2, "cores_usable": 2}}
+        c = predictor.compute(layout, work)
+        return between_averages(layout, c, predictor.cores(layout, c))
+
+    slowest, shared = 0.08 + 0.08 + 0.04, (0.025 + 0.015) * 8 / 2
+    between = compute("local", Layout("fl_fsdp", 4, 1, 1, 8, T=2))
+    assert between.forward_s + between.backward_s + between.optimizer_s == pytest.approx(shared)
+    assert between.forward_s / between.backward_s == pytest.approx(1.0)  # the phases keep their shares
+    for layout in (Layout("fsdp", 1, 1, 4, T=2), Layout("fl_fsdp", 4, 1, 1, 1, T=2)):
+        c = compute("local", layout)
+        assert c.forward_s + c.backward_s + c.optimizer_s == pytest.approx(slowest)
+    gpu = compute("leonardo", Layout("fl_fsdp", 4, 1, 1, 8, T=2))
+    assert gpu.forward_s + gpu.backward_s + gpu.optimizer_s == pytest.approx(slowest)
+    measured["cpu"] = {"one": 0.05, "layer": 0.05}  # more than the slowest rank's seconds: no core idled
+    assert compute("local", Layout("fl_fsdp", 4, 1, 1, 8, T=2)).forward_s == pytest.approx(0.08)
+    del measured["cpu"]  # a probe written before the ranks' CPU seconds were kept
+    assert compute("local", Layout("fl_fsdp", 4, 1, 1, 8, T=2)).forward_s == pytest.approx(0.08)

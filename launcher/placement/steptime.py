@@ -139,6 +139,7 @@ class Compute:
                             # (train.measure.calibrate_layout): one rank's share, bubble and tp/pp traffic in it
     root_s: tuple[float, float] | None = None  # (forward, backward) of the root (embeddings, lm_head, loss), part of
                                                # the above: the schedule puts it on its unit; None: all on the layers
+    cpu_s: float | None = None  # in place: the mean rank's CPU seconds in that step (None: not measured)
 
     @classmethod
     def estimated(cls, llama_kwargs: dict, batch: int, seq_len: int, peak_flops: float) -> "Compute":

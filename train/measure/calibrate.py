@@ -78,7 +78,7 @@ def at_depth(model, depth: int, step):
 
 
 def rounds(steps: list, device: str, budget_s: float, min_rounds: int = MIN_ROUNDS,
-           narrow=None) -> tuple[list, float]:
+           narrow=None, cpu: list | None = None) -> tuple[list, float]:
     """([round][k]: the phase seconds of steps[k] (callables timing one training step each) in each round, the
     slowest rank's; the seconds the rounds took, the slowest rank's). A round steps each once, in turn (in reverse
     every other round, so none always comes first after a pause), each started at a barrier, after one warm-up step
@@ -86,7 +86,8 @@ def rounds(steps: list, device: str, budget_s: float, min_rounds: int = MIN_ROUN
     on all alike and their differences keep their sign.
     Rounds go on until `budget_s` has passed (on the slowest rank) and at least `min_rounds` are done, or, after
     `min_rounds`, until `narrow(rounds)` says the estimate is tight enough; every rank runs the same rounds and
-    returns the same numbers."""
+    returns the same numbers. `cpu`, when given, gets each round's [k]: the mean rank's CPU seconds in steps[k] (its
+    process's, every thread): what ranks sharing cores cost each other when none waits for another (issue 54)."""
     dist.barrier()
     for step in steps:
         step()
@@ -94,15 +95,22 @@ def rounds(steps: list, device: str, budget_s: float, min_rounds: int = MIN_ROUN
     started = time.perf_counter()
     while True:
         mine: list = [None] * len(steps)
+        used = [0.0] * len(steps)
         for k in (range(len(steps)) if len(done) % 2 == 0 else reversed(range(len(steps)))):
             dist.barrier()
+            before = time.process_time()
             mine[k] = list(steps[k]())
+            used[k] = time.process_time() - before
         slowest = torch.tensor([t for m in mine for t in m] + [time.perf_counter() - started], dtype=torch.float64,
                                device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         values = slowest.tolist()
         width = len(mine[0])
         done.append([values[k * width:(k + 1) * width] for k in range(len(steps))])
+        if cpu is not None:
+            total = torch.tensor(used, dtype=torch.float64, device=device)
+            dist.all_reduce(total)
+            cpu.append((total / dist.get_world_size()).tolist())
         n = len(done)
         if n >= MAX_ROUNDS or (n >= min_rounds and (values[-1] >= budget_s or (narrow is not None and narrow(done)))):
             return done, values[-1]

@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from train import model as models
 from train.contract.config import TrainConfig
+from train.measure import robust
 from train.measure.calibrate import (
     BUDGET_S,
     MIN_ROUNDS,
@@ -103,20 +104,30 @@ def _measure(layout: dict, mesh, device: str, iters: int, budget_s: float) -> di
     largest = torch.tensor(params, dtype=torch.float64, device=device)  # the largest stage's, as the slowest rank's
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
     params = largest.tolist()
-    done, seconds = rounds(steps, device, budget_s, max(iters, MIN_ROUNDS), narrow_enough(DEPTHS, params))
+    used: list = []
+    done, seconds = rounds(steps, device, budget_s, max(iters, MIN_ROUNDS), narrow_enough(DEPTHS, params), used)
     n = -(-layout["model"]["num_hidden_layers"] // layout["pp"])
     fit = fitted(DEPTHS, done, params, 1, n)
     interval = {"one": fit["interval"]["base"], "layer": fit["interval"]["layer"]}
     one = fit.pop("base")
-    return {**layout, "one": one, **fit, "interval": interval, "seconds": seconds}
+    return {**layout, "one": one, **fit, "interval": interval, "seconds": seconds, "cpu": cpu_line(used)}
+
+
+def cpu_line(used: list) -> dict:
+    """{"one", "layer"}: the mean rank's CPU seconds in a stage step of one layer and for each further layer, the
+    medians over rounds of each round's Theil-Sen line over DEPTHS."""
+    lines = [robust.theil_sen(list(DEPTHS), r) for r in used]
+    return {"one": robust.median([intercept + slope for slope, intercept in lines]),
+            "layer": robust.median([slope for slope, _ in lines])}
 
 
 def calibrate_layouts(rank: int, layouts: list[dict], device: str = "cpu", iters: int = 3, budget_s: float = BUDGET_S,
                       progress=None) -> list[dict]:
     """[{**layout, "one": {phase: s}, "layer": {phase: s}, "interval": {"one"|"layer": {phase: [low, high]}},
-    "resolved", "whole", "spread", "depths", "rounds", "by_depth", "seconds"}] for layouts {model, batch_per_rank (per
-    data-parallel rank), seq_len, precision, pp, tp, microbatches, pp_schedule, sequence_parallel}: a stage of n
-    layers takes one + (n - 1) x layer. A layout whose pp x tp does not divide the job's ranks is skipped (the
+    "resolved", "whole", "spread", "depths", "rounds", "by_depth", "seconds", "cpu": {"one", "layer"}}] for
+    layouts {model, batch_per_rank (per data-parallel rank), seq_len, precision, pp, tp, microbatches, pp_schedule,
+    sequence_parallel}: a stage of n layers takes one + (n - 1) x layer, the slowest rank's seconds (`cpu`: the
+    mean rank's CPU seconds, cpu_line). A layout whose pp x tp does not divide the job's ranks is skipped (the
     step-time model prices it from its parts). Every rank must call it with the same arguments."""
     world, out = dist.get_world_size(), []
     for layout in layouts:
