@@ -107,7 +107,8 @@ def rounds(steps: list, device: str, budget_s: float, min_rounds: int = MIN_ROUN
         values = slowest.tolist()
         width = len(mine[0])
         done.append([values[k * width:(k + 1) * width] for k in range(len(steps))])
-        if cpu is not None:
+        if cpu is not None:  # the probe's rounds, never a training step: one more small sum after the timed steps,
+            # read on the host (.tolist()) because the fit is plain Python; a SUM cannot share the MAX above
             total = torch.tensor(used, dtype=torch.float64, device=device)
             dist.all_reduce(total)
             cpu.append((total / dist.get_world_size()).tolist())
